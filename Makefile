@@ -1,0 +1,56 @@
+# outbox: transactional outbox to Apache Kafka, built with PGXS.
+#
+#   make && sudo make install     build outbox.so (C++17) and install it with the SQL script
+#   make installcheck             pg_regress + isolation tests on a throwaway cluster of their own
+#   test/run                      everything the README's test command runs (installs what is missing)
+
+EXTENSION   = outbox
+EXTVERSION  = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" outbox.control)
+MODULE_big  = outbox
+SRCS        = $(sort $(wildcard src/*.cpp))
+OBJS        = $(SRCS:.cpp=.o)
+DATA        = $(wildcard sql/outbox--*.sql)
+
+# pg_regress inputs live in sql/ beside the extension scripts (design card); only the names listed
+# here run. The temp instance preloads the library, which `make check` cannot do for PGXS builds.
+REGRESS      = setup enqueue event_id admin views privileges settings upgrade
+REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=test/regress.conf --load-extension=outbox
+ISOLATION      = enqueue_same_event_id
+ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso --temp-config=test/regress.conf \
+                 --load-extension=outbox
+
+PG_CONFIG ?= pg_config
+
+# C++17 with the server's flags; -Wno-register because some server headers still use `register`.
+# ERROR_ON_WARNING=1 (CI) turns warnings into errors.
+PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers
+# Server headers as system headers: their own warnings are not ours.
+PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server)
+ifeq ($(ERROR_ON_WARNING),1)
+PG_CXXFLAGS += -Werror
+endif
+# PGXS links modules with $(CC), so the C++ runtime is named explicitly.
+SHLIB_LINK  = -lrdkafka -lstdc++
+
+# Debian's server is built with LLVM JIT and would also compile every .cpp to bitcode with
+# clang-14. The outbox functions are not hot in JIT-compiled expressions, so we skip bitcode:
+# one compiler, no clang dependency. (Set with_llvm=yes on the command line to build it anyway.)
+override with_llvm = no
+
+EXTRA_CLEAN = tmp_check tmp_check_iso output_iso results regression.diffs regression.out .deps
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# Header edits rebuild the objects that include them (GCC dependency files).
+DEPFLAGS = -MMD -MP -MF .deps/$(notdir $*).d
+%.o: %.cpp
+	@mkdir -p .deps
+	$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(DEPFLAGS) -c -o $@ $<
+-include $(wildcard .deps/*.d)
+
+# PostgreSQL 13 to 18 are what the code is written for; 15 is what CI tests.
+PG_MAJOR := $(shell $(PG_CONFIG) --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
+ifeq ($(shell test $(PG_MAJOR) -ge 13 -a $(PG_MAJOR) -le 18 && echo ok),)
+$(error outbox supports PostgreSQL 13 to 18; $(PG_CONFIG) reports $(PG_MAJOR))
+endif

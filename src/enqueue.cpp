@@ -1,0 +1,237 @@
+// outbox.enqueue(): validate, insert in the caller's transaction, and wake the relay worker that
+// owns the key when (and only when) that transaction commits.
+#include "boundary.hpp"
+#include "guc.hpp"
+#include "kafka_names.hpp"
+#include "shmem.hpp"
+
+namespace {
+
+enum class PayloadKind { Jsonb, Text, Bytea };
+
+// Header names the relay sets itself.
+const char *const kReservedHeader = "event_id";
+
+// Workers to wake at commit: one bit per worker that owns a lane this transaction wrote to.
+uint32 wake_mask = 0;
+bool xact_callback_registered = false;
+
+void
+OnTransactionEnd(XactEvent event, void *) {
+	switch (event) {
+	case XACT_EVENT_COMMIT:
+	case XACT_EVENT_PARALLEL_COMMIT:
+		// Called after the commit is visible to other snapshots: the woken worker sees the rows.
+		outbox::WakeWorkers(wake_mask);
+		wake_mask = 0;
+		break;
+	case XACT_EVENT_ABORT:
+	case XACT_EVENT_PARALLEL_ABORT:
+	case XACT_EVENT_PREPARE:
+		// A prepared transaction does not wake the relay when COMMIT PREPARED runs later; the
+		// poll interval picks its events up (README "Settings": outbox.poll_interval).
+		wake_mask = 0;
+		break;
+	default:
+		break;
+	}
+}
+
+extern "C" void
+outbox_xact_callback(XactEvent event, void *arg) {
+	outbox::CallFromPostgres("outbox_xact_callback", OnTransactionEnd, event, arg);
+}
+
+void
+InvalidInput(int sqlstate, const char *message, const char *detail, const char *hint) {
+	ereport(ERROR, (errcode(sqlstate), errmsg("%s", message), detail ? errdetail("%s", detail) : 0,
+	                hint ? errhint("%s", hint) : 0));
+}
+
+void
+ValidateTopic(text *topic) {
+	const char *name = VARDATA_ANY(topic);
+	int len = VARSIZE_ANY_EXHDR(topic);
+	if (const char *problem = outbox::TopicNameProblem(name, size_t(len))) {
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("invalid Kafka topic name \"%s\"", text_to_cstring(topic)), errdetail("%s.", problem),
+		                errhint("Use 1 to 249 characters of [a-zA-Z0-9._-], e.g. 'billing.invoice-events'.")));
+	}
+}
+
+// Headers: NULL, or a JSON object whose values are all strings.
+void
+ValidateHeaders(Jsonb *headers, int64 *bytes) {
+	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers)) {
+		InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "headers must be a JSON object of string values", nullptr,
+		             "Pass e.g. '{\"trace_id\": \"abc\"}'::jsonb, or NULL for no headers.");
+	}
+	JsonbIterator *it = JsonbIteratorInit(&headers->root);
+	JsonbValue v;
+	JsonbIteratorToken token;
+	bool expect_value = false;
+	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE) {
+		if (token == WJB_KEY) {
+			if (v.val.string.len == int(strlen(kReservedHeader)) &&
+			    memcmp(v.val.string.val, kReservedHeader, v.val.string.len) == 0) {
+				InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "header \"event_id\" is reserved",
+				             "The relay sets the event_id header on every record itself.",
+				             "Pass the id as the event_id argument instead.");
+			}
+			*bytes += v.val.string.len;
+			expect_value = true;
+		} else if (token == WJB_VALUE && expect_value) {
+			if (v.type != jbvString) {
+				InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "headers must be a JSON object of string values",
+				             "A header value is not a JSON string.",
+				             "Kafka headers are byte strings: convert numbers and objects to text first.");
+			}
+			*bytes += v.val.string.len;
+			expect_value = false;
+		}
+	}
+}
+
+// The payload as the bytes the relay will publish: jsonb and text as UTF-8, bytea as is.
+bytea *
+PayloadBytes(Datum payload, PayloadKind kind) {
+	const char *data;
+	int len;
+	switch (kind) {
+	case PayloadKind::Bytea:
+		return DatumGetByteaPP(payload);
+	case PayloadKind::Jsonb: {
+		Jsonb *jb = DatumGetJsonbP(payload);
+		data = JsonbToCString(nullptr, &jb->root, VARSIZE(jb));
+		len = int(strlen(data));
+		break;
+	}
+	case PayloadKind::Text: {
+		text *t = DatumGetTextPP(payload);
+		data = VARDATA_ANY(t);
+		len = VARSIZE_ANY_EXHDR(t);
+		break;
+	}
+	}
+	const char *utf8 = pg_server_to_any(data, len, PG_UTF8);
+	if (utf8 != data) {
+		len = int(strlen(utf8));
+	}
+	bytea *out = static_cast<bytea *>(palloc(VARHDRSZ + len));
+	SET_VARSIZE(out, VARHDRSZ + len);
+	memcpy(VARDATA(out), utf8, len);
+	return out;
+}
+
+SPIPlanPtr
+InsertPlan() {
+	static SPIPlanPtr plan = nullptr;
+	if (plan == nullptr) {
+		Oid types[6] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID};
+		SPIPlanPtr p = SPI_prepare("INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
+		                           "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING RETURNING lane",
+		                           6, types);
+		if (p == nullptr) {
+			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(p);
+		plan = p;
+	}
+	return plan;
+}
+
+Datum
+Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
+	if (PG_ARGISNULL(0)) {
+		InvalidInput(ERRCODE_NULL_VALUE_NOT_ALLOWED, "topic must not be NULL", nullptr,
+		             "Pass the Kafka topic the event goes to, e.g. 'billing.invoices'.");
+	}
+	text *topic = PG_GETARG_TEXT_PP(0);
+	ValidateTopic(topic);
+
+	bool key_null = PG_ARGISNULL(1);
+	bool payload_null = PG_ARGISNULL(2);
+	int64 bytes = key_null ? 0 : VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1));
+
+	// A NULL payload is a Kafka tombstone (deletes the key in a compacted topic); without a key
+	// it would mean nothing, so that is an error.
+	if (payload_null && key_null) {
+		InvalidInput(ERRCODE_NULL_VALUE_NOT_ALLOWED, "payload must not be NULL for an event without a key",
+		             "A NULL payload is published as a tombstone, which only means something for a key.",
+		             "Pass a payload, or a key if you meant to delete that key from a compacted topic.");
+	}
+	bytea *payload = payload_null ? nullptr : PayloadBytes(PG_GETARG_DATUM(2), kind);
+	if (payload) {
+		bytes += VARSIZE_ANY_EXHDR(payload);
+	}
+
+	bool headers_null = PG_ARGISNULL(3);
+	if (!headers_null) {
+		ValidateHeaders(PG_GETARG_JSONB_P(3), &bytes);
+	}
+	if (bytes > outbox::settings.max_payload_bytes) {
+		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+		                errmsg("event of %lld bytes exceeds outbox.max_payload_bytes (%d)", (long long)bytes,
+		                       outbox::settings.max_payload_bytes),
+		                errdetail("The size counts the key, the payload and the headers."),
+		                errhint("Store large documents elsewhere and enqueue a reference, or raise the setting "
+		                        "together with the broker's message.max.bytes.")));
+	}
+
+	pg_uuid_t *event_id;
+	if (PG_ARGISNULL(4)) {
+		event_id = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t)));
+		if (!pg_strong_random(event_id->data, UUID_LEN)) {
+			ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate a random event id")));
+		}
+		event_id->data[6] = (event_id->data[6] & 0x0f) | 0x40; // version 4
+		event_id->data[8] = (event_id->data[8] & 0x3f) | 0x80; // variant 10xx
+	} else {
+		event_id = PG_GETARG_UUID_P(4);
+	}
+
+	int lane = key_null ? outbox::LaneOf(event_id->data, UUID_LEN)
+	                    : outbox::LaneOf(VARDATA_ANY(PG_GETARG_TEXT_PP(1)), VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)));
+
+	Datum values[6] = {UUIDPGetDatum(event_id),
+	                   PointerGetDatum(topic),
+	                   key_null ? Datum(0) : PG_GETARG_DATUM(1),
+	                   Int16GetDatum(int16(lane)),
+	                   PointerGetDatum(payload),
+	                   headers_null ? Datum(0) : PG_GETARG_DATUM(3)};
+	char nulls[6] = {' ', ' ', key_null ? 'n' : ' ', ' ', payload_null ? 'n' : ' ', headers_null ? 'n' : ' '};
+
+	SPI_connect();
+	int rc = SPI_execute_plan(InsertPlan(), values, nulls, false, 0);
+	if (rc != SPI_OK_INSERT_RETURNING) {
+		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
+	}
+	bool inserted = SPI_processed == 1;
+	SPI_finish();
+
+	if (!inserted) {
+		PG_RETURN_NULL(); // duplicate event_id: ON CONFLICT DO NOTHING
+	}
+	if (outbox::settings.workers > 0) {
+		if (!xact_callback_registered) {
+			RegisterXactCallback(outbox_xact_callback, nullptr);
+			xact_callback_registered = true;
+		}
+		wake_mask |= 1u << (lane % outbox::settings.workers);
+	}
+	PG_RETURN_UUID_P(event_id);
+}
+
+} // namespace
+
+OUTBOX_SQL_FUNCTION(outbox_enqueue_jsonb) {
+	return Enqueue(fcinfo, PayloadKind::Jsonb);
+}
+
+OUTBOX_SQL_FUNCTION(outbox_enqueue_text) {
+	return Enqueue(fcinfo, PayloadKind::Text);
+}
+
+OUTBOX_SQL_FUNCTION(outbox_enqueue_bytea) {
+	return Enqueue(fcinfo, PayloadKind::Bytea);
+}

@@ -1,0 +1,80 @@
+// Definitions of the outbox.* settings. Structural ones need a restart; the rest reload on SIGHUP.
+#include "guc.hpp"
+
+#include "pg_include.hpp"
+
+namespace outbox {
+
+Settings settings;
+
+namespace {
+
+const struct config_enum_entry kFailedEventPolicies[] = {
+    {"block_key", int(FailedEventPolicy::BlockKey), false},
+    {"skip", int(FailedEventPolicy::Skip), false},
+    {nullptr, 0, false},
+};
+
+} // namespace
+
+void
+DefineSettings() {
+	DefineCustomStringVariable("outbox.database", "Database whose outbox the relay publishes.", nullptr,
+	                           &settings.database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.workers", "Number of relay background workers (0: no relay).",
+	                        "Each key is always published by the same worker, so per-key order holds with any number.",
+	                        &settings.workers, 1, 0, kMaxWorkers, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.bootstrap_servers", "Kafka bootstrap servers (host:port,...).", nullptr,
+	                           &settings.bootstrap_servers, "localhost:9092", PGC_SIGHUP, 0, nullptr, nullptr,
+	                           nullptr);
+	DefineCustomStringVariable(
+	    "outbox.kafka_properties", "Extra librdkafka producer properties, as name=value pairs separated by ';'.",
+	    "For TLS, SASL, compression and tuning. May hold secrets: only superusers can read it.",
+	    &settings.kafka_properties, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
+	    nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.publish_timeout", "How long one event may stay in flight to Kafka.",
+	                        "librdkafka's message.timeout.ms; bounds how long a claimed batch waits for the broker.",
+	                        &settings.publish_timeout_ms, 30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+	                        nullptr, nullptr);
+	DefineCustomIntVariable("outbox.batch_size", "Most events a relay worker claims at once.", nullptr,
+	                        &settings.batch_size, 1000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.batch_max_bytes", "Most payload bytes a relay worker claims at once.",
+	                        "Bounds the worker's memory however large the backlog; one event is always taken.",
+	                        &settings.batch_max_bytes, 16 * 1024 * 1024, 1024, INT_MAX, PGC_SIGHUP, GUC_UNIT_BYTE,
+	                        nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.poll_interval", "Longest sleep of an idle relay worker.",
+	                        "A backstop only: committed enqueues wake the relay at once.", &settings.poll_interval_ms,
+	                        10000, 10, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.max_attempts", "Attempts before an event the broker rejects moves to failed.",
+	                        "Only per-event errors count; broker-wide trouble never uses up attempts.",
+	                        &settings.max_attempts, 10, 1, 1000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.backoff_base", "First retry delay; doubles with each attempt or outage step.",
+	                        nullptr, &settings.backoff_base_ms, 1000, 1, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+	                        nullptr, nullptr);
+	DefineCustomIntVariable("outbox.backoff_max", "Longest retry delay.", nullptr, &settings.backoff_max_ms, 300000,
+	                        1, 86400000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);
+	DefineCustomEnumVariable("outbox.on_failed_event", "What a failed event does to later events of its key.",
+	                         "block_key (default) holds them until the failed event is retried or deleted, "
+	                         "keeping per-key order; skip lets them go ahead.",
+	                         &settings.failed_event_policy, int(FailedEventPolicy::BlockKey), kFailedEventPolicies,
+	                         PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.retention", "How long published events are kept (0: the relay never purges).",
+	                        nullptr, &settings.retention_s, 7 * 24 * 3600, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S,
+	                        nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.purge_batch_size", "Rows the relay deletes per retention transaction.", nullptr,
+	                        &settings.purge_batch_size, 10000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.max_payload_bytes",
+	                        "Largest event (key + payload + headers) that outbox.enqueue() accepts.",
+	                        "Keep it at or below the broker's message.max.bytes.", &settings.max_payload_bytes,
+	                        1024 * 1024, 0, INT_MAX, PGC_SUSET, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.test_crash_after_ack", "Test only: crash the relay after this event is acked.",
+	                           nullptr, &settings.test_crash_after_ack, "", PGC_SIGHUP,
+	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);
+#if PG_VERSION_NUM >= 150000
+	MarkGUCPrefixReserved("outbox");
+#else
+	EmitWarningsOnPlaceholders("outbox");
+#endif
+}
+
+} // namespace outbox

@@ -1,0 +1,420 @@
+// librdkafka producer of a relay worker. See kafka_producer.hpp for the threading contract.
+#include "kafka_producer.hpp"
+
+#include <librdkafka/rdkafka.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fcntl.h>
+#include <new>
+#include <pthread.h>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "no_postgres.hpp"
+
+namespace outbox::kafka {
+
+namespace {
+
+constexpr size_t kMaxBufferedLogLines = 256;
+
+// Properties that hold the relay's guarantees, or that have an outbox setting of their own.
+const char *const kReservedProperties[][2] = {
+    {"bootstrap.servers", "set outbox.bootstrap_servers instead"},
+    {"metadata.broker.list", "set outbox.bootstrap_servers instead"},
+    {"message.timeout.ms", "set outbox.publish_timeout instead"},
+    {"delivery.timeout.ms", "set outbox.publish_timeout instead"},
+    {"enable.idempotence", "the relay needs the idempotent producer for per-key order"},
+    {"enable.gapless.guarantee", "the relay needs it for per-key order"},
+    {"acks", "the relay needs acks=all"},
+    {"request.required.acks", "the relay needs acks=all"},
+    {"max.in.flight.requests.per.connection", "the idempotent producer sets it"},
+    {"max.in.flight", "the idempotent producer sets it"},
+    {"log.queue", "the relay serves logs on its own thread"},
+    {"internal.termination.signal", "a signal handler would replace PostgreSQL's"},
+};
+
+std::string
+Trim(const std::string &s) {
+	size_t b = s.find_first_not_of(" \t\r\n");
+	if (b == std::string::npos) {
+		return "";
+	}
+	size_t e = s.find_last_not_of(" \t\r\n");
+	return s.substr(b, e - b + 1);
+}
+
+// Blocks every signal in this thread while librdkafka starts its threads, so they inherit a
+// fully blocked mask and no Postgres signal handler ever runs on them.
+class AllSignalsBlocked {
+public:
+	AllSignalsBlocked() {
+		sigset_t all;
+		sigfillset(&all);
+		pthread_sigmask(SIG_SETMASK, &all, &saved_);
+	}
+	~AllSignalsBlocked() {
+		pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+	}
+	AllSignalsBlocked(const AllSignalsBlocked &) = delete;
+	AllSignalsBlocked &operator=(const AllSignalsBlocked &) = delete;
+
+private:
+	sigset_t saved_;
+};
+
+} // namespace
+
+class Producer {
+public:
+	Producer() = default;
+	Producer(const Producer &) = delete;
+	Producer &operator=(const Producer &) = delete;
+	~Producer();
+
+	bool Init(const ProducerConfig &config, std::string *error);
+
+	rd_kafka_t *rk = nullptr;
+	rd_kafka_queue_t *main_queue = nullptr;
+	int pipe_fds[2] = {-1, -1};
+	uint32_t generation = 0;
+	std::vector<Delivery> results;
+	int outstanding = 0;
+	bool fatal = false;
+	std::string fatal_reason;
+	int broker_up = -1;
+	std::deque<std::pair<int, std::string>> log_lines;
+
+	void AddLogLine(int level, std::string line) {
+		if (log_lines.size() >= kMaxBufferedLogLines) {
+			log_lines.pop_front();
+		}
+		log_lines.emplace_back(level, std::move(line));
+	}
+};
+
+namespace {
+
+// Delivery report: runs inside rd_kafka_poll() on the worker's thread. Writes only into the
+// Producer; never calls Postgres.
+void
+OnDelivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) noexcept {
+	Producer *p = static_cast<Producer *>(opaque);
+	uintptr_t tag = reinterpret_cast<uintptr_t>(msg->_private);
+	uint32_t generation = uint32_t(tag >> 32);
+	size_t index = size_t(tag & 0xffffffffu);
+	if (generation != p->generation || index >= p->results.size() || p->results[index].reported) {
+		return; // a report for a batch that was given up on
+	}
+	Delivery &d = p->results[index];
+	d.reported = true;
+	d.err = msg->err;
+	d.partition = msg->partition;
+	d.offset = msg->offset;
+	p->outstanding--;
+	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+		p->broker_up = 1;
+	}
+}
+
+void
+OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try {
+	Producer *p = static_cast<Producer *>(opaque);
+	if (err == RD_KAFKA_RESP_ERR__FATAL) {
+		char buf[512];
+		rd_kafka_resp_err_t original = rd_kafka_fatal_error(rk, buf, sizeof(buf));
+		p->fatal = true;
+		p->fatal_reason = std::string(rd_kafka_err2name(original)) + ": " + buf;
+		p->AddLogLine(3, "fatal producer error: " + p->fatal_reason);
+		return;
+	}
+	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || err == RD_KAFKA_RESP_ERR__RESOLVE) {
+		p->broker_up = 0;
+	}
+	p->AddLogLine(4, std::string(rd_kafka_err2name(rd_kafka_resp_err_t(err))) + ": " + reason);
+} catch (...) {
+	// Out of memory for a log line: drop it; nothing may unwind into librdkafka.
+}
+
+// With log.queue=true this runs from rd_kafka_poll on the worker's thread.
+void
+OnLog(const rd_kafka_t *rk, int level, const char *fac, const char *buf) noexcept try {
+	Producer *p = static_cast<Producer *>(rd_kafka_opaque(rk));
+	if (p) {
+		p->AddLogLine(level, std::string(fac) + ": " + buf);
+	}
+} catch (...) {
+}
+
+} // namespace
+
+Producer::~Producer() {
+	if (main_queue) {
+		rd_kafka_queue_destroy(main_queue);
+	}
+	if (rk) {
+		// Give queued messages no further chance: the rows they came from go back to pending.
+		rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
+		rd_kafka_poll(rk, 0);
+		rd_kafka_destroy(rk);
+	}
+	for (int fd : pipe_fds) {
+		if (fd >= 0) {
+			close(fd);
+		}
+	}
+}
+
+bool
+Producer::Init(const ProducerConfig &config, std::string *error) {
+	char errstr[512];
+	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	auto set = [&](const std::string &name, const std::string &value) {
+		if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
+			*error = "librdkafka property \"" + name + "\": " + errstr;
+			return false;
+		}
+		return true;
+	};
+	bool ok = set("bootstrap.servers", config.bootstrap_servers) && set("enable.idempotence", "true") &&
+	          set("acks", "all") &&
+	          // A batch the broker rejects must not be followed by its successors on the partition
+	          // (they would overtake it): librdkafka raises a fatal error instead, and the relay
+	          // recreates the producer and resends in order.
+	          set("enable.gapless.guarantee", "true") && set("partitioner", "murmur2_random") &&
+	          set("message.timeout.ms", std::to_string(config.message_timeout_ms)) &&
+	          set("log.queue", "true") && set("linger.ms", "1") && set("socket.nagle.disable", "true");
+
+	// User properties: name=value;name=value
+	std::string extra = config.extra_properties ? config.extra_properties : "";
+	size_t start = 0;
+	while (ok && start <= extra.size()) {
+		size_t end = extra.find(';', start);
+		if (end == std::string::npos) {
+			end = extra.size();
+		}
+		std::string item = Trim(extra.substr(start, end - start));
+		start = end + 1;
+		if (item.empty()) {
+			continue;
+		}
+		size_t eq = item.find('=');
+		if (eq == std::string::npos) {
+			*error = "outbox.kafka_properties: \"" + item + "\" is not name=value";
+			ok = false;
+			break;
+		}
+		std::string name = Trim(item.substr(0, eq));
+		for (const auto &reserved : kReservedProperties) {
+			if (name == reserved[0]) {
+				*error = "outbox.kafka_properties may not set \"" + name + "\": " + reserved[1];
+				ok = false;
+			}
+		}
+		ok = ok && set(name, Trim(item.substr(eq + 1)));
+	}
+	if (!ok) {
+		rd_kafka_conf_destroy(conf);
+		return false;
+	}
+
+	rd_kafka_conf_set_opaque(conf, this);
+	rd_kafka_conf_set_dr_msg_cb(conf, OnDelivery);
+	rd_kafka_conf_set_error_cb(conf, OnError);
+	rd_kafka_conf_set_log_cb(conf, OnLog);
+	{
+		AllSignalsBlocked blocked;
+		rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+	}
+	if (rk == nullptr) {
+		rd_kafka_conf_destroy(conf); // only consumed on success
+		*error = std::string("could not create the Kafka producer: ") + errstr;
+		return false;
+	}
+	// Logs go to the main queue, so they are served by rd_kafka_poll on our thread like
+	// everything else; the log callback then never runs on a librdkafka thread.
+	rd_kafka_set_log_queue(rk, nullptr);
+
+	if (pipe(pipe_fds) != 0) {
+		*error = std::string("pipe: ") + strerror(errno);
+		return false;
+	}
+	for (int fd : pipe_fds) {
+		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+		fcntl(fd, F_SETFD, FD_CLOEXEC);
+	}
+	main_queue = rd_kafka_queue_get_main(rk);
+	static const char wake_byte = 1;
+	rd_kafka_queue_io_event_enable(main_queue, pipe_fds[1], &wake_byte, 1);
+	return true;
+}
+
+Producer *
+CreateProducer(const ProducerConfig &config, char *errbuf, size_t errlen) noexcept {
+	try {
+		Producer *p = new Producer();
+		std::string error;
+		if (!p->Init(config, &error)) {
+			snprintf(errbuf, errlen, "%s", error.c_str());
+			delete p;
+			return nullptr;
+		}
+		return p;
+	} catch (const std::exception &e) {
+		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", e.what());
+		return nullptr;
+	}
+}
+
+void
+DestroyProducer(Producer *producer) noexcept {
+	delete producer;
+}
+
+bool
+BeginBatch(Producer *p, int n) noexcept {
+	try {
+		p->generation++;
+		p->results.assign(size_t(n), Delivery{false, 0, -1, -1});
+		p->outstanding = 0;
+		return true;
+	} catch (const std::bad_alloc &) {
+		return false;
+	}
+}
+
+int
+Produce(Producer *p, int index, const Message &m) noexcept {
+	rd_kafka_headers_t *headers = rd_kafka_headers_new(size_t(m.n_headers));
+	for (int i = 0; i < m.n_headers; i++) {
+		rd_kafka_header_add(headers, m.headers[i].name, -1, m.headers[i].value, ssize_t(m.headers[i].value_len));
+	}
+	uintptr_t tag = (uintptr_t(p->generation) << 32) | uintptr_t(uint32_t(index));
+	for (;;) {
+		rd_kafka_resp_err_t err = rd_kafka_producev(
+		    p->rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_KEY(const_cast<void *>(m.key), m.key_len),
+		    RD_KAFKA_V_VALUE(const_cast<void *>(m.value), m.value_len), RD_KAFKA_V_HEADERS(headers),
+		    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(reinterpret_cast<void *>(tag)),
+		    RD_KAFKA_V_END);
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
+			// Serve reports to make room; the batch is bounded, so this ends.
+			rd_kafka_poll(p->rk, 100);
+			continue;
+		}
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+			rd_kafka_headers_destroy(headers); // owned by the message only on success
+			Delivery &d = p->results[size_t(index)];
+			d.reported = true;
+			d.err = err;
+			return err;
+		}
+		p->outstanding++;
+		return 0;
+	}
+}
+
+void
+SendNow(Producer *p) noexcept {
+	// A zero-timeout flush wakes the broker threads to send without waiting for linger.ms.
+	rd_kafka_flush(p->rk, 0);
+}
+
+void
+Serve(Producer *p) noexcept {
+	rd_kafka_poll(p->rk, 0);
+}
+
+int
+Outstanding(const Producer *p) noexcept {
+	return p->outstanding;
+}
+
+const Delivery &
+Result(const Producer *p, int index) noexcept {
+	return p->results[size_t(index)];
+}
+
+int
+WakeFd(const Producer *p) noexcept {
+	return p->pipe_fds[0];
+}
+
+void
+Drain(Producer *p) noexcept {
+	char buf[256];
+	while (read(p->pipe_fds[0], buf, sizeof(buf)) > 0) {
+	}
+}
+
+bool
+IsFatal(const Producer *p, char *errbuf, size_t errlen) noexcept {
+	if (p->fatal) {
+		snprintf(errbuf, errlen, "%s", p->fatal_reason.c_str());
+	}
+	return p->fatal;
+}
+
+int
+BrokerUp(const Producer *p) noexcept {
+	return p->broker_up;
+}
+
+bool
+TakeLogLine(Producer *p, char *buf, size_t len, int *syslog_level) noexcept {
+	if (p->log_lines.empty()) {
+		return false;
+	}
+	*syslog_level = p->log_lines.front().first;
+	snprintf(buf, len, "%s", p->log_lines.front().second.c_str());
+	p->log_lines.pop_front();
+	return true;
+}
+
+ErrorClass
+Classify(int err) noexcept {
+	switch (rd_kafka_resp_err_t(err)) {
+	// The event itself is refused: count an attempt.
+	case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
+	case RD_KAFKA_RESP_ERR_INVALID_RECORD:
+	case RD_KAFKA_RESP_ERR_INVALID_MSG:
+	case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+	case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
+	case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
+	case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
+	case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
+	case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+	case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+	case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
+	case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+	case RD_KAFKA_RESP_ERR__INVALID_ARG:
+	case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
+		return ErrorClass::PerEvent;
+	// Everything else is about the broker, the connection or the producer (timeouts, transport,
+	// not enough replicas, purged by a fatal error, out-of-order after a rejected predecessor):
+	// the event did nothing wrong and must not use up its attempts.
+	default:
+		return ErrorClass::BrokerWide;
+	}
+}
+
+const char *
+ErrorName(int err) noexcept {
+	return rd_kafka_err2name(rd_kafka_resp_err_t(err));
+}
+
+const char *
+ErrorText(int err) noexcept {
+	return rd_kafka_err2str(rd_kafka_resp_err_t(err));
+}
+
+bool
+IsQueueFull(int err) noexcept {
+	return err == RD_KAFKA_RESP_ERR__QUEUE_FULL;
+}
+
+} // namespace outbox::kafka

@@ -1,0 +1,38 @@
+// Module entry: PG_MODULE_MAGIC and _PG_init. _PG_init runs in the postmaster, so it only
+// registers things (settings, shared memory, relay workers): no librdkafka, no threads.
+#include "boundary.hpp"
+#include "guc.hpp"
+#include "shmem.hpp"
+#include "worker.hpp"
+
+extern "C" {
+PG_MODULE_MAGIC;
+}
+
+namespace {
+
+void
+Init() {
+	if (IsBinaryUpgrade) {
+		return;
+	}
+	if (!process_shared_preload_libraries_in_progress) {
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+		                errmsg("outbox must be loaded via shared_preload_libraries"),
+		                errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
+	}
+	outbox::DefineSettings();
+	outbox::RequestSharedMemory();
+	outbox::RegisterRelayWorkers();
+}
+
+} // namespace
+
+extern "C" {
+PGDLLEXPORT void _PG_init(void);
+
+void
+_PG_init(void) {
+	outbox::CallFromPostgres("_PG_init", Init);
+}
+}

@@ -1,0 +1,49 @@
+// The one place that includes PostgreSQL's server headers into C++.
+//
+// Files that own C++ objects with destructors must not include this header (see
+// no_postgres.hpp): an ereport(ERROR) longjmps, and a longjmp over a live destructor is undefined
+// behaviour. Files that include it keep to plain data on the stack and enter C++ only through the
+// guards in boundary.hpp.
+#pragma once
+
+extern "C" {
+#include "postgres.h"
+
+#include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
+#include "catalog/namespace.h"      // get_namespace_oid
+#include "catalog/pg_type.h"        // type OIDs for SPI parameters
+#include "commands/dbcommands.h"    // get_database_name
+#include "common/hashfn.h"          // hash_bytes_extended (stable lane hash)
+#include "executor/spi.h"           // SPI_*
+#include "fmgr.h"
+#include "funcapi.h"                // set-returning worker_status()
+#include "mb/pg_wchar.h"            // pg_server_to_any: payloads and ids are UTF-8
+#include "miscadmin.h"
+#include "pgstat.h"                 // pgstat_report_activity, pgstat_report_stat
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
+#include "storage/ipc.h"            // before_shmem_exit, shmem hooks
+#include "storage/latch.h"
+#include "storage/lmgr.h"           // ConditionalLockRelationOid
+#include "storage/proc.h"           // MyProc
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "tcop/tcopprot.h"          // debug_query_string
+#include "utils/array.h"
+#include "utils/builtins.h"         // text_to_cstring
+#include "utils/guc.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"        // get_relname_relid
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"         // SearchSysCacheExists1
+#include "utils/timestamp.h"
+#include "utils/uuid.h"
+}
+
+// PostgreSQL 13 to 18 differ in a few spellings; keep the branches here.
+#if PG_VERSION_NUM >= 150000
+#define OUTBOX_HAS_SHMEM_REQUEST_HOOK 1
+#else
+#define OUTBOX_HAS_SHMEM_REQUEST_HOOK 0
+#endif

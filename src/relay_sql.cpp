@@ -1,0 +1,364 @@
+// The relay's SQL: claim, record, requeue, purge. See DESIGN.md for why each statement looks the
+// way it does; the per-key order argument lives in the claim statement's two anti-joins.
+#include "relay_sql.hpp"
+
+#include "guc.hpp"
+
+namespace outbox {
+
+namespace {
+
+// Claim: due pending rows of this worker's lanes, in enqueue order, skipping rows another
+// transaction holds. A row is only taken when no earlier row of its key is unfinished:
+//  - candidates: not behind an in-flight row, a failed row (when failed events block their key)
+//    or a row waiting for its retry time;
+//  - chosen: not behind a pending row that SKIP LOCKED passed over (someone else held it);
+//    and within the byte budget (the first row always fits), so memory stays bounded.
+// The rows are marked in_flight and the transaction commits before anything is sent.
+const char *const kClaimSql = R"SQL(
+WITH candidates AS (
+	SELECT e.id, e.key, coalesce(octet_length(e.payload), 0)::bigint AS size
+	FROM outbox.events e
+	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND e.lane % $1 = $2
+	  AND (e.key IS NULL OR NOT EXISTS (
+	        SELECT 1 FROM outbox.events b
+	        WHERE b.key = e.key AND b.id < e.id AND b.status <> 'published'
+	          AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)
+	               OR (b.status = 'pending' AND b.next_attempt_at > now()))))
+	ORDER BY e.id
+	LIMIT $3
+	FOR UPDATE OF e SKIP LOCKED
+), sized AS (
+	SELECT c.id, c.key, sum(c.size) OVER (ORDER BY c.id) - c.size AS bytes_before
+	FROM candidates c
+), chosen AS (
+	SELECT s.id FROM sized s
+	WHERE s.bytes_before < $5
+	  AND (s.key IS NULL OR NOT EXISTS (
+	        SELECT 1 FROM outbox.events b
+	        WHERE b.key = s.key AND b.id < s.id AND b.status = 'pending'
+	          AND b.id NOT IN (SELECT c.id FROM candidates c)))
+), claimed AS (
+	UPDATE outbox.events e SET status = 'in_flight', claimed_at = now()
+	FROM chosen WHERE e.id = chosen.id
+	RETURNING e.id, e.event_id, e.topic, e.key, e.payload, e.headers
+)
+SELECT c.id, c.event_id::text, c.topic, c.key, c.payload,
+       ARRAY(SELECT h.key FROM jsonb_each_text(c.headers) h ORDER BY h.key),
+       ARRAY(SELECT h.value FROM jsonb_each_text(c.headers) h ORDER BY h.key)
+FROM claimed c
+ORDER BY c.id
+)SQL";
+
+// Record: one statement for the whole batch. Only rows still in_flight are touched.
+const char *const kRecordSql = R"SQL(
+WITH o AS (
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[])
+	         AS o(id, outcome, kafka_partition, kafka_offset, error)
+), updated AS (
+	UPDATE outbox.events e SET
+		status = CASE o.outcome
+		           WHEN 'p' THEN 'published'
+		           WHEN 'r' THEN CASE WHEN e.attempts + 1 >= $6 THEN 'failed' ELSE 'pending' END
+		           ELSE 'pending' END,
+		published_at = CASE WHEN o.outcome = 'p' THEN now() END,
+		kafka_partition = CASE WHEN o.outcome = 'p' THEN o.kafka_partition END,
+		kafka_offset = CASE WHEN o.outcome = 'p' THEN o.kafka_offset END,
+		attempts = e.attempts + CASE WHEN o.outcome = 'r' THEN 1 ELSE 0 END,
+		last_error = coalesce(o.error, e.last_error),
+		next_attempt_at = CASE WHEN o.outcome = 'r'
+		    THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2, e.attempts))
+		                                       * (0.5 + random() / 2) / 1000.0)
+		    ELSE e.next_attempt_at END
+	FROM o
+	WHERE e.id = o.id AND e.status = 'in_flight'
+	RETURNING e.event_id, e.topic, e.key, e.status, e.attempts, e.last_error
+)
+SELECT event_id::text, topic, key, attempts, last_error FROM updated WHERE status = 'failed'
+)SQL";
+
+const char *const kRequeueSql =
+    "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane % $1 = $2";
+
+const char *const kNextRetrySql =
+    "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000)::bigint FROM outbox.events "
+    "WHERE status = 'pending' AND next_attempt_at > now() AND lane % $1 = $2";
+
+const char *const kPurgeSql = "SELECT outbox.purge(make_interval(secs => $1), $2)";
+
+struct Statement {
+	const char *sql;
+	int nargs;
+	Oid types[8];
+	SPIPlanPtr plan;
+};
+
+Statement claim_stmt = {kClaimSql, 5, {INT4OID, INT4OID, INT4OID, BOOLOID, INT8OID}, nullptr};
+Statement record_stmt = {
+    kRecordSql, 8, {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID},
+    nullptr};
+Statement requeue_stmt = {kRequeueSql, 2, {INT4OID, INT4OID}, nullptr};
+Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, nullptr};
+Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT4OID}, nullptr};
+
+// Prepared once per worker and kept: the plan cache re-plans if the table is recreated.
+SPIPlanPtr
+PlanOf(Statement &stmt) {
+	if (stmt.plan == nullptr) {
+		SPIPlanPtr plan = SPI_prepare(stmt.sql, stmt.nargs, stmt.types);
+		if (plan == nullptr) {
+			elog(ERROR, "outbox relay: could not prepare a statement: %s", SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(plan);
+		stmt.plan = plan;
+	}
+	return stmt.plan;
+}
+
+// Opens a transaction for one relay step and checks that the outbox table is there and free.
+// On Ready, SPI is connected and the caller must call EndStep().
+TableState
+BeginStep(const char *activity) {
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	debug_query_string = activity;
+
+	Oid nsp = get_namespace_oid("outbox", true);
+	Oid rel = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
+	TableState state = TableState::Ready;
+	if (!OidIsValid(rel)) {
+		state = TableState::Missing;
+	} else if (!ConditionalLockRelationOid(rel, RowExclusiveLock)) {
+		state = TableState::Busy; // DROP EXTENSION or other DDL in progress: do not wait on it
+	} else if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(rel))) {
+		state = TableState::Missing; // dropped while we waited for nothing
+	}
+	if (state != TableState::Ready) {
+		PopActiveSnapshot();
+		CommitTransactionCommand();
+		debug_query_string = nullptr;
+		pgstat_report_activity(STATE_IDLE, nullptr);
+		return state;
+	}
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox relay: SPI_connect failed");
+	}
+	return TableState::Ready;
+}
+
+void
+EndStep() {
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	debug_query_string = nullptr;
+	// Background workers flush their table statistics themselves, or autovacuum and
+	// autoanalyze would never see the relay's updates and deletes.
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, nullptr);
+}
+
+void
+Execute(Statement &stmt, Datum *values, const char *nulls, int expected) {
+	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
+	if (rc != expected) {
+		elog(ERROR, "outbox relay: statement failed: %s", SPI_result_code_string(rc));
+	}
+}
+
+char *
+CopyText(HeapTuple tuple, TupleDesc desc, int col, int *len) {
+	bool isnull;
+	Datum d = SPI_getbinval(tuple, desc, col, &isnull);
+	if (isnull) {
+		if (len) {
+			*len = 0;
+		}
+		return nullptr;
+	}
+	struct varlena *v = PG_DETOAST_DATUM_PACKED(d);
+	int n = VARSIZE_ANY_EXHDR(v);
+	char *out = static_cast<char *>(palloc(n + 1));
+	memcpy(out, VARDATA_ANY(v), n);
+	out[n] = '\0';
+	if (len) {
+		*len = n;
+	}
+	return out;
+}
+
+// Copies text[] elements into `out` (palloc'd C strings).
+int
+CopyTextArray(HeapTuple tuple, TupleDesc desc, int col, char ***out, int **lens) {
+	bool isnull;
+	Datum d = SPI_getbinval(tuple, desc, col, &isnull);
+	*out = nullptr;
+	*lens = nullptr;
+	if (isnull) {
+		return 0;
+	}
+	Datum *elems;
+	bool *elem_nulls;
+	int n;
+	deconstruct_array(DatumGetArrayTypeP(d), TEXTOID, -1, false, TYPALIGN_INT, &elems, &elem_nulls, &n);
+	*out = static_cast<char **>(palloc(sizeof(char *) * (n + 1)));
+	*lens = static_cast<int *>(palloc(sizeof(int) * (n + 1)));
+	for (int i = 0; i < n; i++) {
+		text *t = DatumGetTextPP(elems[i]);
+		(*lens)[i] = VARSIZE_ANY_EXHDR(t);
+		(*out)[i] = static_cast<char *>(palloc((*lens)[i] + 1));
+		memcpy((*out)[i], VARDATA_ANY(t), (*lens)[i]);
+		(*out)[i][(*lens)[i]] = '\0';
+	}
+	return n;
+}
+
+Datum
+ArrayOf(Datum *elems, int n, Oid type) {
+	int16 typlen;
+	bool typbyval;
+	char typalign;
+	get_typlenbyvalalign(type, &typlen, &typbyval, &typalign);
+	return PointerGetDatum(construct_array(elems, n, type, typlen, typbyval, typalign));
+}
+
+} // namespace
+
+TableState
+ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch) {
+	batch->n = 0;
+	batch->events = nullptr;
+	TableState state = BeginStep("outbox relay: claim");
+	if (state != TableState::Ready) {
+		return state;
+	}
+	Datum values[5] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker), Int32GetDatum(settings.batch_size),
+	                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
+	                   Int64GetDatum(settings.batch_max_bytes)};
+	Execute(claim_stmt, values, nullptr, SPI_OK_SELECT);
+
+	MemoryContext old = MemoryContextSwitchTo(into);
+	int n = int(SPI_processed);
+	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * (n > 0 ? n : 1)));
+	TupleDesc desc = SPI_tuptable->tupdesc;
+	for (int i = 0; i < n; i++) {
+		HeapTuple tuple = SPI_tuptable->vals[i];
+		ClaimedEvent &e = batch->events[i];
+		bool isnull;
+		e.id = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+		char *event_id = CopyText(tuple, desc, 2, nullptr);
+		strlcpy(e.event_id, event_id, sizeof(e.event_id));
+		e.topic = CopyText(tuple, desc, 3, nullptr);
+		e.key = CopyText(tuple, desc, 4, &e.key_len);
+		e.payload = CopyText(tuple, desc, 5, &e.payload_len);
+		char **names, **header_values;
+		int *name_lens, *value_lens;
+		int n_user = CopyTextArray(tuple, desc, 6, &names, &name_lens);
+		CopyTextArray(tuple, desc, 7, &header_values, &value_lens);
+		e.n_headers = n_user + 1;
+		e.headers = static_cast<kafka::Header *>(palloc(sizeof(kafka::Header) * e.n_headers));
+		for (int h = 0; h < n_user; h++) {
+			e.headers[h] = kafka::Header{names[h], header_values[h], size_t(value_lens[h])};
+		}
+		e.headers[n_user] = kafka::Header{"event_id", e.event_id, strlen(e.event_id)};
+	}
+	batch->n = n;
+	MemoryContextSwitchTo(old);
+	EndStep();
+	return TableState::Ready;
+}
+
+int
+RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
+               const char *const *errors) {
+	if (BeginStep("outbox relay: record") != TableState::Ready) {
+		// The table went away under us: nothing to record into.
+		return 0;
+	}
+	int n = batch.n;
+	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *kinds = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *error_texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	bool *error_nulls = static_cast<bool *>(palloc(sizeof(bool) * n));
+	for (int i = 0; i < n; i++) {
+		char kind[2] = {char(outcomes[i]), '\0'};
+		ids[i] = Int64GetDatum(batch.events[i].id);
+		kinds[i] = CStringGetTextDatum(kind);
+		partitions[i] = Int32GetDatum(deliveries[i].partition);
+		offsets[i] = Int64GetDatum(deliveries[i].offset);
+		error_nulls[i] = errors[i] == nullptr;
+		error_texts[i] = errors[i] ? CStringGetTextDatum(errors[i]) : Datum(0);
+	}
+	int dims[1] = {n};
+	int lbs[1] = {1};
+	Datum error_array = PointerGetDatum(
+	    construct_md_array(error_texts, error_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
+	Datum values[8] = {ArrayOf(ids, n, INT8OID),
+	                   ArrayOf(kinds, n, TEXTOID),
+	                   ArrayOf(partitions, n, INT4OID),
+	                   ArrayOf(offsets, n, INT8OID),
+	                   error_array,
+	                   Int32GetDatum(settings.max_attempts),
+	                   Int32GetDatum(settings.backoff_base_ms),
+	                   Int32GetDatum(settings.backoff_max_ms)};
+	Execute(record_stmt, values, nullptr, SPI_OK_SELECT);
+
+	int failed = int(SPI_processed);
+	for (int i = 0; i < failed; i++) {
+		HeapTuple tuple = SPI_tuptable->vals[i];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		// Logged once: the row leaves the relay's hands here.
+		ereport(LOG, (errmsg("outbox relay: event %s (topic %s, key %s) failed after %s attempts: %s",
+		                     SPI_getvalue(tuple, desc, 1), SPI_getvalue(tuple, desc, 2),
+		                     SPI_getvalue(tuple, desc, 3) ? SPI_getvalue(tuple, desc, 3) : "NULL",
+		                     SPI_getvalue(tuple, desc, 4), SPI_getvalue(tuple, desc, 5)),
+		              errhint("It is in outbox.failed; fix the cause, then SELECT outbox.retry(event_id).")));
+	}
+	EndStep();
+	return failed;
+}
+
+int64
+RequeueInFlight(const LaneSet &lanes) {
+	if (BeginStep("outbox relay: requeue in-flight events") != TableState::Ready) {
+		return 0;
+	}
+	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
+	Execute(requeue_stmt, values, nullptr, SPI_OK_UPDATE);
+	int64 n = int64(SPI_processed);
+	EndStep();
+	return n;
+}
+
+int64
+MillisUntilNextRetry(const LaneSet &lanes) {
+	if (BeginStep("outbox relay: next retry") != TableState::Ready) {
+		return -1;
+	}
+	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
+	Execute(next_retry_stmt, values, nullptr, SPI_OK_SELECT);
+	bool isnull;
+	Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	int64 ms = isnull ? -1 : DatumGetInt64(d);
+	EndStep();
+	return ms;
+}
+
+int64
+PurgeBatch(int retention_s, int batch_size) {
+	if (BeginStep("outbox relay: purge") != TableState::Ready) {
+		return 0;
+	}
+	Datum values[2] = {Int32GetDatum(retention_s), Int32GetDatum(batch_size)};
+	Execute(purge_stmt, values, nullptr, SPI_OK_SELECT);
+	bool isnull;
+	int64 n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	EndStep();
+	return n;
+}
+
+} // namespace outbox

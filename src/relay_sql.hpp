@@ -1,0 +1,61 @@
+// The relay's statements against outbox.events, each in a short transaction of its own, over SPI
+// with plans prepared once. Plain C-style code: results are copied into palloc'd memory of the
+// caller's context; nothing here owns a C++ object.
+#pragma once
+
+#include "kafka_producer.hpp"
+#include "pg_include.hpp"
+
+namespace outbox {
+
+struct ClaimedEvent {
+	int64 id;
+	char event_id[40]; // text form, also published as the event_id header
+	char *topic;
+	char *key; // nullptr: unkeyed
+	int key_len;
+	char *payload; // nullptr: tombstone
+	int payload_len;
+	kafka::Header *headers; // user headers, then event_id
+	int n_headers;
+};
+
+struct Batch {
+	int n;
+	ClaimedEvent *events;
+};
+
+// What happened to each claimed event.
+enum class Outcome : char {
+	Published = 'p',
+	Rejected = 'r', // per-event error: attempts + 1, backoff, or failed at max_attempts
+	Requeued = 'q', // not sent, broker-wide trouble, or unknown outcome: pending, no attempt used
+};
+
+// Whether outbox.events exists in this database and no DDL holds it. Logs nothing.
+enum class TableState { Ready, Missing, Busy };
+
+// The lane filter: worker `worker` of `n_workers` owns lanes with lane % n_workers = worker.
+struct LaneSet {
+	int worker;
+	int n_workers;
+};
+
+// Returns the claimed batch (possibly empty) in `into`; `table` says why nothing was claimed.
+TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch);
+
+// Records every outcome in one statement. Returns how many events moved to failed; their
+// ids and errors are logged once here.
+int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
+                   const char *const *errors);
+
+// After a restart or an error mid-batch: this worker's in-flight rows go back to pending.
+int64 RequeueInFlight(const LaneSet &lanes);
+
+// Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
+int64 MillisUntilNextRetry(const LaneSet &lanes);
+
+// One retention batch in its own transaction; returns rows deleted.
+int64 PurgeBatch(int retention_s, int batch_size);
+
+} // namespace outbox

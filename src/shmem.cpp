@@ -1,0 +1,160 @@
+// Shared memory for the relay workers' slots. Requested at postmaster start, initialised once.
+#include "shmem.hpp"
+
+#include "boundary.hpp"
+#include "guc.hpp"
+
+namespace outbox {
+
+SharedState *shared = nullptr;
+
+namespace {
+
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+shmem_request_hook_type previous_request_hook = nullptr;
+#endif
+shmem_startup_hook_type previous_startup_hook = nullptr;
+
+Size
+SharedSize() {
+	return add_size(offsetof(SharedState, slots), mul_size(sizeof(WorkerSlot), kMaxWorkers));
+}
+
+void
+RequestMemory() {
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+	if (previous_request_hook) {
+		previous_request_hook();
+	}
+#endif
+	RequestAddinShmemSpace(SharedSize());
+}
+
+void
+StartupMemory() {
+	if (previous_startup_hook) {
+		previous_startup_hook();
+	}
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	bool found;
+	shared = static_cast<SharedState *>(ShmemInitStruct("outbox", SharedSize(), &found));
+	if (!found) {
+		memset(shared, 0, SharedSize());
+		shared->n_slots = kMaxWorkers;
+		for (int i = 0; i < kMaxWorkers; i++) {
+			SpinLockInit(&shared->slots[i].mutex);
+		}
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+} // namespace
+
+extern "C" {
+static void
+outbox_shmem_request(void) {
+	CallFromPostgres("outbox_shmem_request", RequestMemory);
+}
+static void
+outbox_shmem_startup(void) {
+	CallFromPostgres("outbox_shmem_startup", StartupMemory);
+}
+}
+
+void
+RequestSharedMemory() {
+	// One function for every supported version: PG15 added shmem_request_hook and made requests
+	// outside it a FATAL error; PG13/14 take the request directly from _PG_init.
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+	previous_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_shmem_request;
+#else
+	outbox_shmem_request();
+#endif
+	previous_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_shmem_startup;
+}
+
+WorkerSlot *
+SlotOf(int worker) {
+	Assert(shared != nullptr && worker >= 0 && worker < kMaxWorkers);
+	return &shared->slots[worker];
+}
+
+void
+WakeWorkers(uint32 worker_mask) {
+	if (shared == nullptr) {
+		return;
+	}
+	for (int i = 0; i < kMaxWorkers && worker_mask != 0; i++, worker_mask >>= 1) {
+		if (!(worker_mask & 1)) {
+			continue;
+		}
+		WorkerSlot *slot = &shared->slots[i];
+		SpinLockAcquire(&slot->mutex);
+		Latch *latch = slot->latch;
+		SpinLockRelease(&slot->mutex);
+		// A stale latch (worker just exited) belongs to some other PGPROC: a spurious wake-up is
+		// harmless, every latch user re-checks its condition.
+		if (latch) {
+			SetLatch(latch);
+		}
+	}
+}
+
+const char *
+WorkerStateName(WorkerState s) {
+	switch (s) {
+	case WorkerState::Stopped:
+		return "stopped";
+	case WorkerState::Starting:
+		return "starting";
+	case WorkerState::Idle:
+		return "idle";
+	case WorkerState::Claiming:
+		return "claiming";
+	case WorkerState::Publishing:
+		return "publishing";
+	case WorkerState::Recording:
+		return "recording";
+	case WorkerState::BackingOff:
+		return "backing off";
+	case WorkerState::Misconfigured:
+		return "misconfigured";
+	case WorkerState::NoExtension:
+		return "extension not installed";
+	}
+	return "unknown";
+}
+
+const char *
+BrokerStateName(BrokerState s) {
+	switch (s) {
+	case BrokerState::Unknown:
+		return "unknown";
+	case BrokerState::Up:
+		return "up";
+	case BrokerState::Down:
+		return "down";
+	}
+	return "unknown";
+}
+
+void
+SetWorkerState(WorkerSlot *slot, WorkerState state) {
+	SpinLockAcquire(&slot->mutex);
+	slot->state = state;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error) {
+	TimestampTz now = GetCurrentTimestamp();
+	SpinLockAcquire(&slot->mutex);
+	slot->state = state;
+	strlcpy(slot->last_error, error, sizeof(slot->last_error));
+	slot->last_error_at = now;
+	SpinLockRelease(&slot->mutex);
+}
+
+} // namespace outbox

@@ -1,0 +1,568 @@
+// The relay background worker: claim -> publish -> record, in a loop (DESIGN.md).
+//
+// This file calls Postgres everywhere and so holds no C++ object with a destructor on its stack:
+// state that outlives a step is static plain data or palloc'd memory, and the Kafka producer is
+// an opaque pointer behind noexcept functions (kafka_producer.hpp). An ERROR anywhere in the loop
+// lands in the recovery block in RelayMain, which aborts the transaction, puts this worker's
+// in-flight rows back to pending and carries on after a pause: no crash loop.
+#include "worker.hpp"
+
+#include <csignal>
+#include <cstdio>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "boundary.hpp"
+#include "guc.hpp"
+#include "kafka_producer.hpp"
+#include "relay_sql.hpp"
+#include "shmem.hpp"
+
+namespace outbox {
+
+namespace {
+
+constexpr int kRestartSeconds = 5;
+constexpr long kErrorPauseMs = 1000;
+constexpr long kShutdownGraceMs = 5000;    // how long SIGTERM lets a batch in flight finish
+constexpr long kPublishWaitMarginMs = 5000; // beyond publish_timeout, for the last reports
+constexpr long kPurgeIntervalMs = 60000;
+constexpr int kMaxPurgeBatchesPerRound = 100;
+constexpr long kRepeatLogLineMs = 60000;
+
+// Per-process state (this process is one relay worker). Static, not on the stack, so the
+// recovery block's longjmp never skips it.
+int worker_index = -1;
+WorkerSlot *slot = nullptr;
+kafka::Producer *producer = nullptr;
+MemoryContext batch_context = nullptr;
+bool connecting = false;
+bool requeue_needed = true;
+TableState last_table_state = TableState::Ready;
+int outage_steps = 0;
+TimestampTz backoff_until = 0;
+TimestampTz last_purge = 0;
+// The Kafka settings the producer was made with; a reload that changes them remakes it.
+char producer_bootstrap[1024];
+char producer_properties[4096];
+int producer_timeout_ms = 0;
+// Log de-duplication, so a down broker or a bad setting gives one line, not one per retry.
+char last_logged[512];
+TimestampTz last_logged_at = 0;
+
+LaneSet
+MyLanes() {
+	return LaneSet{worker_index, settings.workers};
+}
+
+void
+LogOnce(int level, const char *message) {
+	TimestampTz now = GetCurrentTimestamp();
+	if (strcmp(message, last_logged) == 0 && !TimestampDifferenceExceeds(last_logged_at, now, kRepeatLogLineMs)) {
+		return;
+	}
+	strlcpy(last_logged, message, sizeof(last_logged));
+	last_logged_at = now;
+	ereport(level, (errmsg("outbox relay %d: %s", worker_index, message)));
+}
+
+// Sleeps until the latch is set (an enqueue committed, SIGHUP, SIGTERM) or `ms` pass.
+void
+WaitFor(long ms) {
+	if (ms < 0) {
+		ms = 0;
+	}
+	int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
+	if (rc & WL_LATCH_SET) {
+		ResetLatch(MyLatch);
+	}
+	CHECK_FOR_INTERRUPTS();
+}
+
+void
+DestroyProducer() {
+	if (producer) {
+		kafka::DestroyProducer(producer);
+		producer = nullptr;
+	}
+}
+
+// Hands librdkafka's buffered log and error lines to the server log, from this thread.
+void
+ForwardProducerLog() {
+	char line[512];
+	int level;
+	while (producer && kafka::TakeLogLine(producer, line, sizeof(line), &level)) {
+		LogOnce(level <= 4 ? LOG : DEBUG1, line);
+	}
+	if (producer) {
+		int up = kafka::BrokerUp(producer);
+		SpinLockAcquire(&slot->mutex);
+		slot->broker = up < 0 ? BrokerState::Unknown : up ? BrokerState::Up : BrokerState::Down;
+		SpinLockRelease(&slot->mutex);
+	}
+}
+
+bool
+KafkaSettingsChanged() {
+	return strcmp(producer_bootstrap, settings.bootstrap_servers) != 0 ||
+	       strcmp(producer_properties, settings.kafka_properties) != 0 ||
+	       producer_timeout_ms != settings.publish_timeout_ms;
+}
+
+// Creates the producer if there is none. On a bad setting the worker reports it, logs it once
+// and waits for a reload instead of exiting.
+bool
+EnsureProducer() {
+	if (producer) {
+		return true;
+	}
+	char error[512];
+	kafka::ProducerConfig config{settings.bootstrap_servers, settings.kafka_properties, settings.publish_timeout_ms};
+	producer = kafka::CreateProducer(config, error, sizeof(error));
+	strlcpy(producer_bootstrap, settings.bootstrap_servers, sizeof(producer_bootstrap));
+	strlcpy(producer_properties, settings.kafka_properties, sizeof(producer_properties));
+	producer_timeout_ms = settings.publish_timeout_ms;
+	if (producer == nullptr) {
+		SetWorkerError(slot, WorkerState::Misconfigured, error);
+		LogOnce(LOG, psprintf("misconfigured, not publishing until the settings are fixed and reloaded: %s", error));
+		return false;
+	}
+	return true;
+}
+
+void
+ReloadSettings() {
+	ConfigReloadPending = false;
+	ProcessConfigFile(PGC_SIGHUP);
+	if (producer && KafkaSettingsChanged()) {
+		// Between batches nothing is in flight: safe to remake the producer.
+		DestroyProducer();
+	}
+}
+
+long
+BackoffMs(int step) {
+	double ms = settings.backoff_base_ms;
+	for (int i = 1; i < step && ms < settings.backoff_max_ms; i++) {
+		ms *= 2;
+	}
+	if (ms > settings.backoff_max_ms) {
+		ms = settings.backoff_max_ms;
+	}
+	// Full jitter in [ms/2, ms], so workers that failed together do not retry together.
+	return long(ms * (0.5 + 0.5 * (double(random()) / 2147483647.0)));
+}
+
+// Test-only fault injection (outbox.test_crash_after_ack): die like a crash right after the
+// broker acknowledged the named event and before the outcome is recorded. A marker file in the
+// data directory makes it fire once; the test removes the file to arm it again.
+void
+MaybeCrashAfterAck(const Batch &batch, const Outcome *outcomes) {
+	if (settings.test_crash_after_ack[0] == '\0') {
+		return;
+	}
+	for (int i = 0; i < batch.n; i++) {
+		if (outcomes[i] == Outcome::Published && strcmp(batch.events[i].event_id, settings.test_crash_after_ack) == 0) {
+			char path[MAXPGPATH];
+			snprintf(path, sizeof(path), "%s/outbox_test_crash_fired", DataDir);
+			int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+			if (fd < 0) {
+				return; // fired before
+			}
+			close(fd);
+			ereport(LOG, (errmsg("outbox relay %d: test_crash_after_ack: crashing after the ack of %s", worker_index,
+			                     batch.events[i].event_id)));
+			kill(MyProcPid, SIGKILL);
+		}
+	}
+}
+
+// Sends the batch and waits, bounded, for every delivery report. Returns the outcome of each
+// event; errors[i] is set for everything not published.
+void
+Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors, bool *broker_trouble) {
+	int n = batch.n;
+	if (!kafka::BeginBatch(producer, n)) {
+		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory for a relay batch")));
+	}
+	// When the producer refuses an event at once, later events of the same key in this batch are
+	// not sent either: they would overtake it. They go back to pending untouched.
+	const char **stopped_keys = static_cast<const char **>(palloc0(sizeof(char *) * n));
+	int n_stopped = 0;
+	for (int i = 0; i < n; i++) {
+		const ClaimedEvent &e = batch.events[i];
+		outcomes[i] = Outcome::Requeued;
+		errors[i] = nullptr;
+		bool behind_refused = false;
+		for (int k = 0; e.key && k < n_stopped; k++) {
+			if (strcmp(stopped_keys[k], e.key) == 0) {
+				behind_refused = true;
+				break;
+			}
+		}
+		if (behind_refused) {
+			continue;
+		}
+		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
+		int err = kafka::Produce(producer, i, m);
+		if (err != 0 && e.key) {
+			stopped_keys[n_stopped++] = e.key;
+		}
+	}
+	kafka::SendNow(producer);
+
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), settings.publish_timeout_ms + kPublishWaitMarginMs);
+	bool shutdown_seen = false;
+	while (kafka::Outstanding(producer) > 0) {
+		TimestampTz now = GetCurrentTimestamp();
+		if (ShutdownRequestPending && !shutdown_seen) {
+			// Stop within a bounded time: give the batch a short grace, then requeue the rest.
+			shutdown_seen = true;
+			TimestampTz grace = TimestampTzPlusMilliseconds(now, kShutdownGraceMs);
+			if (grace < deadline) {
+				deadline = grace;
+			}
+		}
+		long remaining = TimestampDifferenceMilliseconds(now, deadline);
+		if (remaining <= 0) {
+			break;
+		}
+		int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+		                           kafka::WakeFd(producer), remaining, PG_WAIT_EXTENSION);
+		if (rc & WL_LATCH_SET) {
+			ResetLatch(MyLatch);
+		}
+		kafka::Drain(producer);
+		kafka::Serve(producer);
+		ForwardProducerLog();
+		CHECK_FOR_INTERRUPTS();
+	}
+	bool gave_up = kafka::Outstanding(producer) > 0;
+
+	for (int i = 0; i < n; i++) {
+		deliveries[i] = kafka::Result(producer, i);
+		const kafka::Delivery &d = deliveries[i];
+		if (!d.reported) {
+			// Not sent (behind a refused event of its key), or no report in time.
+			continue;
+		}
+		if (d.err == 0) {
+			outcomes[i] = Outcome::Published;
+			continue;
+		}
+		errors[i] = psprintf("%s: %s", kafka::ErrorName(d.err), kafka::ErrorText(d.err));
+		if (kafka::Classify(d.err) == kafka::ErrorClass::PerEvent) {
+			outcomes[i] = Outcome::Rejected;
+		} else {
+			*broker_trouble = true;
+		}
+	}
+	if (gave_up) {
+		*broker_trouble = true;
+		for (int i = 0; i < n; i++) {
+			if (!deliveries[i].reported) {
+				errors[i] = "no delivery report within outbox.publish_timeout";
+			}
+		}
+	}
+
+	// Every event of a key after one that was not published must not have been published
+	// either (gapless idempotent producer, and the refused-key rule above). Say so loudly if the
+	// client ever breaks that, rather than pretend.
+	int overtaken = 0;
+	for (int i = 0; i < n; i++) {
+		if (outcomes[i] != Outcome::Published && batch.events[i].key) {
+			for (int j = i + 1; j < n; j++) {
+				if (outcomes[j] == Outcome::Published && batch.events[j].key &&
+				    strcmp(batch.events[j].key, batch.events[i].key) == 0) {
+					overtaken++;
+				}
+			}
+		}
+	}
+	if (overtaken > 0) {
+		ereport(WARNING, (errmsg("outbox relay %d: %d events were appended after an earlier event of their key "
+		                         "that was not",
+		                         worker_index, overtaken),
+		                  errdetail("The earlier events will follow them on the partition.")));
+	}
+
+	char fatal[512];
+	if (gave_up || kafka::IsFatal(producer, fatal, sizeof(fatal))) {
+		// Late reports, or a producer that can no longer keep its guarantees: start afresh so
+		// nothing from this batch can still be appended behind the resent events.
+		if (!gave_up) {
+			SetWorkerError(slot, WorkerState::Publishing, fatal);
+		}
+		DestroyProducer();
+	}
+}
+
+void
+RunBatch(const Batch &batch) {
+	int n = batch.n;
+	Outcome *outcomes = static_cast<Outcome *>(palloc(sizeof(Outcome) * n));
+	kafka::Delivery *deliveries = static_cast<kafka::Delivery *>(palloc(sizeof(kafka::Delivery) * n));
+	const char **errors = static_cast<const char **>(palloc0(sizeof(char *) * n));
+	bool broker_trouble = false;
+
+	SetWorkerState(slot, WorkerState::Publishing);
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
+	// From here until RecordOutcomes commits, the rows are in_flight in the table; an ERROR
+	// makes the recovery block requeue them.
+	requeue_needed = true;
+	Publish(batch, outcomes, deliveries, errors, &broker_trouble);
+	MaybeCrashAfterAck(batch, outcomes);
+
+	SetWorkerState(slot, WorkerState::Recording);
+	int failed = RecordOutcomes(batch, outcomes, deliveries, errors);
+	requeue_needed = false;
+
+	uint64 published = 0;
+	const char *first_error = nullptr;
+	for (int i = 0; i < n; i++) {
+		if (outcomes[i] == Outcome::Published) {
+			published++;
+		} else if (!first_error && errors[i]) {
+			first_error = errors[i];
+		}
+	}
+	TimestampTz now = GetCurrentTimestamp();
+	SpinLockAcquire(&slot->mutex);
+	slot->published += published;
+	slot->failed += uint64(failed);
+	if (published > 0) {
+		slot->last_publish_at = now;
+	}
+	SpinLockRelease(&slot->mutex);
+	if (first_error) {
+		SetWorkerError(slot, WorkerState::Publishing, first_error);
+	}
+
+	if (broker_trouble) {
+		// Broker-wide trouble: back off the whole worker; no event used up an attempt.
+		outage_steps++;
+		long delay = BackoffMs(outage_steps);
+		backoff_until = TimestampTzPlusMilliseconds(now, delay);
+		LogOnce(LOG, psprintf("Kafka unavailable (%s); retrying in %ld ms", first_error ? first_error : "unknown",
+		                      delay));
+	} else if (published > 0) {
+		outage_steps = 0;
+	}
+}
+
+void
+MaybePurge() {
+	if (worker_index != 0 || settings.retention_s <= 0) {
+		return; // one worker keeps retention
+	}
+	TimestampTz now = GetCurrentTimestamp();
+	if (last_purge != 0 && !TimestampDifferenceExceeds(last_purge, now, kPurgeIntervalMs)) {
+		return;
+	}
+	last_purge = now;
+	for (int i = 0; i < kMaxPurgeBatchesPerRound && !ShutdownRequestPending; i++) {
+		if (PurgeBatch(settings.retention_s, settings.purge_batch_size) < settings.purge_batch_size) {
+			break;
+		}
+	}
+}
+
+// Recovery from an ERROR anywhere in the loop (the autovacuum launcher's pattern).
+void
+RecoverFromError() {
+	HOLD_INTERRUPTS();
+	MemoryContextSwitchTo(TopMemoryContext);
+	ErrorData *edata = CopyErrorData();
+	EmitErrorReport();
+	AbortCurrentTransaction();
+	debug_query_string = nullptr;
+	FlushErrorState();
+	SetWorkerError(slot, WorkerState::BackingOff, edata->message ? edata->message : "error");
+	FreeErrorData(edata);
+	MemoryContextReset(batch_context);
+	// The Kafka side of a batch cut short is unknown: drop the producer so nothing of it can be
+	// appended after the events are sent again.
+	if (producer && kafka::Outstanding(producer) > 0) {
+		DestroyProducer();
+	}
+	requeue_needed = true;
+	pgstat_report_activity(STATE_IDLE, nullptr);
+	RESUME_INTERRUPTS();
+}
+
+void
+OnExit(int code, Datum) {
+	if (slot == nullptr) {
+		return;
+	}
+	SpinLockAcquire(&slot->mutex);
+	slot->pid = 0;
+	slot->latch = nullptr;
+	slot->state = WorkerState::Stopped;
+	if (connecting && code != 0) {
+		slot->connect_failures++;
+		snprintf(slot->last_error, sizeof(slot->last_error), "could not connect to database \"%s\"",
+		         settings.database);
+		slot->last_error_at = GetCurrentTimestamp();
+		slot->state = WorkerState::Misconfigured;
+	}
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+Attach(int index) {
+	worker_index = index;
+	slot = SlotOf(index);
+	int connect_failures;
+	SpinLockAcquire(&slot->mutex);
+	slot->pid = MyProcPid;
+	slot->latch = MyLatch;
+	slot->state = WorkerState::Starting;
+	slot->broker = BrokerState::Unknown;
+	slot->published = 0;
+	slot->failed = 0;
+	slot->started_at = GetCurrentTimestamp();
+	connect_failures = slot->connect_failures;
+	SpinLockRelease(&slot->mutex);
+	before_shmem_exit(OnExit, 0);
+
+	// A database that did not exist last time: wait before trying again (a failed connection is
+	// a FATAL exit, then a restart), so the log gets a line per retry period, not a crash loop.
+	if (connect_failures > 0) {
+		SetWorkerState(slot, WorkerState::Misconfigured);
+		long wait_ms = 60000L * (connect_failures < 10 ? connect_failures : 10);
+		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+		while (!ShutdownRequestPending && GetCurrentTimestamp() < until) {
+			WaitFor(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until));
+		}
+		if (ShutdownRequestPending) {
+			proc_exit(0);
+		}
+	}
+	connecting = true;
+	BackgroundWorkerInitializeConnection(settings.database, nullptr, 0);
+	connecting = false;
+	SpinLockAcquire(&slot->mutex);
+	slot->connect_failures = 0;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+RelayMain(Datum arg) {
+	// Handlers first, then unblock (a default SIGTERM handler could FATAL inside a spinlock).
+	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	BackgroundWorkerUnblockSignals();
+
+	Attach(DatumGetInt32(arg));
+	char appname[NAMEDATALEN];
+	snprintf(appname, sizeof(appname), "outbox relay %d", worker_index);
+	pgstat_report_appname(appname);
+	ereport(LOG, (errmsg("outbox relay %d started for database \"%s\" (%d of %d workers)", worker_index,
+	                     settings.database, worker_index + 1, settings.workers)));
+
+	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox relay batch", ALLOCSET_DEFAULT_SIZES);
+
+	sigjmp_buf local_sigjmp_buf;
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0) {
+		RecoverFromError();
+		WaitFor(kErrorPauseMs); // a repeating error must not flood the log
+	}
+	PG_exception_stack = &local_sigjmp_buf;
+
+	while (!ShutdownRequestPending) {
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending) {
+			ReloadSettings();
+		}
+		MemoryContextReset(batch_context);
+		ForwardProducerLog();
+		if (!EnsureProducer()) {
+			WaitFor(settings.poll_interval_ms);
+			continue;
+		}
+		TimestampTz now = GetCurrentTimestamp();
+		if (backoff_until > now) {
+			SetWorkerState(slot, WorkerState::BackingOff);
+			WaitFor(TimestampDifferenceMilliseconds(now, backoff_until));
+			continue;
+		}
+		if (requeue_needed) {
+			int64 n = RequeueInFlight(MyLanes());
+			if (n > 0) {
+				ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
+				                     (long long)n)));
+			}
+			requeue_needed = false;
+		}
+		MaybePurge();
+
+		SetWorkerState(slot, WorkerState::Claiming);
+		Batch batch;
+		TableState table = ClaimBatch(MyLanes(), batch_context, &batch);
+		if (table != TableState::Ready) {
+			if (table == TableState::Missing && last_table_state != TableState::Missing) {
+				ereport(LOG, (errmsg("outbox relay %d: extension \"outbox\" is not installed in database \"%s\"; "
+				                     "waiting for CREATE EXTENSION outbox",
+				                     worker_index, settings.database)));
+			}
+			last_table_state = table;
+			requeue_needed = true; // a re-created table may hold rows in flight
+			SetWorkerState(slot, table == TableState::Missing ? WorkerState::NoExtension : WorkerState::Idle);
+			WaitFor(table == TableState::Missing ? settings.poll_interval_ms : kErrorPauseMs);
+			continue;
+		}
+		last_table_state = table;
+		if (batch.n == 0) {
+			SetWorkerState(slot, WorkerState::Idle);
+			long sleep_ms = settings.poll_interval_ms;
+			int64 next_retry = MillisUntilNextRetry(MyLanes());
+			if (next_retry >= 0 && next_retry < sleep_ms) {
+				sleep_ms = long(next_retry) + 1;
+			}
+			WaitFor(sleep_ms);
+			continue;
+		}
+		RunBatch(batch);
+	}
+
+	SetWorkerState(slot, WorkerState::Stopped);
+	DestroyProducer();
+	ereport(LOG, (errmsg("outbox relay %d stopping", worker_index)));
+	// Exit code 1: if this was a pg_terminate_backend() rather than a shutdown, the postmaster
+	// starts the worker again after bgw_restart_time.
+	proc_exit(1);
+}
+
+} // namespace
+
+void
+RegisterRelayWorkers() {
+	for (int i = 0; i < settings.workers; i++) {
+		BackgroundWorker worker;
+		memset(&worker, 0, sizeof(worker));
+		worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+		// Never on a hot standby; starts after promotion.
+		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+		worker.bgw_restart_time = kRestartSeconds;
+		strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
+		strlcpy(worker.bgw_function_name, "outbox_relay_main", BGW_MAXLEN);
+		snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay %d", i);
+		strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
+		worker.bgw_main_arg = Int32GetDatum(i);
+		RegisterBackgroundWorker(&worker);
+	}
+}
+
+} // namespace outbox
+
+extern "C" {
+PGDLLEXPORT void outbox_relay_main(Datum arg);
+
+void
+outbox_relay_main(Datum arg) {
+	outbox::CallFromPostgres("outbox_relay_main", outbox::RelayMain, arg);
+}
+}

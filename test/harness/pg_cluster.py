@@ -1,0 +1,151 @@
+"""A throwaway PostgreSQL cluster for the integration tests: initdb in a temp dir, its own port,
+`shared_preload_libraries = 'outbox'`, stopped and removed afterwards. Never a system cluster."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import psycopg
+
+from harness.wait import wait_until
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgCluster:
+    def __init__(self, settings=None, database="postgres", create_extension=True, datadir=None):
+        self.tmp = tempfile.mkdtemp(prefix="outbox-pg-")
+        self.datadir = datadir or os.path.join(self.tmp, "data")
+        self.port = free_port()
+        self.database = database
+        self.log_path = os.path.join(self.tmp, "postgres.log")
+        self.settings = {
+            "shared_preload_libraries": "'outbox'",
+            "outbox.database": f"'{database}'",
+            "outbox.poll_interval": "'2s'",
+            "outbox.backoff_base": "'100ms'",
+            "outbox.backoff_max": "'1s'",
+            "outbox.publish_timeout": "'5s'",
+            "listen_addresses": "''",
+            "unix_socket_directories": f"'{self.tmp}'",
+            "port": str(self.port),
+            "fsync": "off",
+            "max_worker_processes": "40",
+            "log_min_messages": "log",
+            "log_line_prefix": "'%m [%p] %b '",
+        }
+        self.settings.update(settings or {})
+        self.create_extension = create_extension
+        self.started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def init(self):
+        if not os.path.exists(os.path.join(self.datadir, "PG_VERSION")):
+            subprocess.run(["initdb", "-D", self.datadir, "-A", "trust", "-U", "postgres", "--no-sync"],
+                           check=True, stdout=subprocess.DEVNULL)
+        self.write_conf()
+        return self
+
+    def write_conf(self):
+        with open(os.path.join(self.datadir, "postgresql.conf"), "a") as f:
+            f.write("\n# outbox test harness\n")
+            for k, v in self.settings.items():
+                f.write(f"{k} = {v}\n")
+
+    def start(self):
+        subprocess.run(["pg_ctl", "-D", self.datadir, "-l", self.log_path, "-w", "-t", "120", "start"],
+                       check=True, stdout=subprocess.DEVNULL)
+        self.started = True
+        return self
+
+    def setup_database(self):
+        # The relay's database exists from initdb on (postgres), so workers connect at once.
+        if self.database != "postgres":
+            with self.connect("postgres") as c:
+                c.execute(f'CREATE DATABASE "{self.database}"')
+        if self.create_extension:
+            with self.connect() as c:
+                c.execute("CREATE EXTENSION outbox")
+        return self
+
+    def stop(self, mode="fast"):
+        if self.started:
+            subprocess.run(["pg_ctl", "-D", self.datadir, "-m", mode, "-w", "-t", "120", "stop"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.started = False
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+    def reload(self):
+        self.sql("SELECT pg_reload_conf()")
+
+    def set(self, **settings):
+        """ALTER SYSTEM each outbox.* setting (keyword: name without prefix) and reload."""
+        for name, value in settings.items():
+            self.sql(f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),), dbname="postgres")
+        self.reload()
+
+    def cleanup(self):
+        self.stop("immediate")
+        if not os.environ.get("OUTBOX_KEEP_TMP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        self.init().start().setup_database()
+        return self
+
+    def __exit__(self, *exc):
+        self.cleanup()
+
+    # -- access ------------------------------------------------------------------------------
+    def connect(self, dbname=None, autocommit=True):
+        return psycopg.connect(host=self.tmp, port=self.port, user="postgres", dbname=dbname or self.database,
+                               autocommit=autocommit)
+
+    def sql(self, query, params=None, dbname=None):
+        with self.connect(dbname) as c:
+            cur = c.execute(query, params)
+            return cur.fetchall() if cur.description else None
+
+    def value(self, query, params=None, dbname=None):
+        rows = self.sql(query, params, dbname)
+        return rows[0][0] if rows else None
+
+    def log(self):
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def workers(self):
+        return self.sql("SELECT worker, pid, state, published, failed, last_error, broker_state "
+                        "FROM outbox.workers ORDER BY worker")
+
+    def worker_pids(self):
+        return [r[1] for r in self.workers()]
+
+    def wait_workers_running(self, n, timeout=60):
+        return wait_until(lambda: (lambda w: len(w) == n and all(r[1] for r in w))(self.workers()),
+                          timeout, f"{n} relay workers running")
+
+    def kill_worker(self, index=0, sig=signal.SIGKILL):
+        pid = self.value("SELECT pid FROM outbox.workers WHERE worker = %s", (index,))
+        assert pid, "worker not running"
+        os.kill(pid, sig)
+        return pid
+
+    def wait_published(self, n, timeout=60):
+        return wait_until(lambda: self.value("SELECT count(*) FROM outbox.events WHERE status = 'published'") >= n,
+                          timeout, f"{n} events published")
+
+    def assert_no_crash_in_log(self):
+        log = self.log()
+        assert "terminated by signal 11" not in log and "terminated by signal 6" not in log, log[-3000:]

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what building and testing outbox needs on Debian 12, and nothing when it is all there.
+# Debian's postgresql package would create and start a system cluster: we tell it not to; every
+# test run starts throwaway clusters of its own.
+set -euo pipefail
+
+packages=(
+	postgresql-15 postgresql-server-dev-15   # server, PGXS, pg_regress, pg_isolation_regress
+	librdkafka-dev                          # the Kafka client the relay embeds (2.0.2 on Debian 12)
+	g++ make                                # C++17 build
+	python3 python3-pytest python3-psycopg python3-confluent-kafka   # integration tests
+	openjdk-17-jre-headless maven           # the real Kafka broker of the end-to-end tests
+	kcat                                    # handy for looking at topics by hand
+	procps iproute2                         # ps/kill, ss in the harness
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# java and mvn may come from elsewhere on a prepared machine; accept them if they work.
+if command -v java >/dev/null && java -version 2>&1 | grep -q 'version "\(1[7-9]\|2[0-9]\)'; then
+	missing=("${missing[@]/openjdk-17-jre-headless}")
+fi
+if command -v mvn >/dev/null; then
+	missing=("${missing[@]/maven}")
+fi
+read -r -a missing <<<"${missing[*]}"
+
+if [ "${#missing[@]}" -gt 0 ]; then
+	sudo=""
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	$sudo mkdir -p /etc/postgresql-common
+	grep -qs '^create_main_cluster *= *false' /etc/postgresql-common/createcluster.conf ||
+		echo 'create_main_cluster = false' | $sudo tee -a /etc/postgresql-common/createcluster.conf >/dev/null
+	echo "setup: installing ${missing[*]}"
+	$sudo apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "setup: build and test dependencies present"
