@@ -188,6 +188,9 @@ Producer::Init(const ProducerConfig &config, std::string *error) {
 	          // recreates the producer and resends in order.
 	          set("enable.gapless.guarantee", "true") && set("partitioner", "murmur2_random") &&
 	          set("message.timeout.ms", std::to_string(config.message_timeout_ms)) &&
+	          // A topic that does not exist must fail as UNKNOWN_TOPIC (the event's fault) before
+	          // its messages time out (which would look like broker trouble).
+	          set("topic.metadata.propagation.max.ms", std::to_string(config.message_timeout_ms / 2)) &&
 	          set("log.queue", "true") && set("linger.ms", "1") && set("socket.nagle.disable", "true");
 
 	// User properties: name=value;name=value

@@ -66,9 +66,10 @@ WITH o AS (
 		kafka_offset = CASE WHEN o.outcome = 'p' THEN o.kafka_offset END,
 		attempts = e.attempts + CASE WHEN o.outcome = 'r' THEN 1 ELSE 0 END,
 		last_error = coalesce(o.error, e.last_error),
-		next_attempt_at = CASE WHEN o.outcome = 'r'
-		    THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2, e.attempts))
-		                                       * (0.5 + random() / 2) / 1000.0)
+		next_attempt_at = CASE o.outcome
+		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2, e.attempts))
+		                                               * (0.5 + random() / 2) / 1000.0)
+		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0)
 		    ELSE e.next_attempt_at END
 	FROM o
 	WHERE e.id = o.id AND e.status = 'in_flight'
@@ -89,13 +90,14 @@ const char *const kPurgeSql = "SELECT outbox.purge(make_interval(secs => $1), $2
 struct Statement {
 	const char *sql;
 	int nargs;
-	Oid types[8];
+	Oid types[9];
 	SPIPlanPtr plan;
 };
 
 Statement claim_stmt = {kClaimSql, 5, {INT4OID, INT4OID, INT4OID, BOOLOID, INT8OID}, nullptr};
 Statement record_stmt = {
-    kRecordSql, 8, {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID},
+    kRecordSql, 9,
+    {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
     nullptr};
 Statement requeue_stmt = {kRequeueSql, 2, {INT4OID, INT4OID}, nullptr};
 Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, nullptr};
@@ -272,7 +274,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 
 int
 RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
-               const char *const *errors) {
+               const char *const *errors, long defer_ms) {
 	if (BeginStep("outbox relay: record") != TableState::Ready) {
 		// The table went away under us: nothing to record into.
 		return 0;
@@ -297,14 +299,15 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 	int lbs[1] = {1};
 	Datum error_array = PointerGetDatum(
 	    construct_md_array(error_texts, error_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
-	Datum values[8] = {ArrayOf(ids, n, INT8OID),
+	Datum values[9] = {ArrayOf(ids, n, INT8OID),
 	                   ArrayOf(kinds, n, TEXTOID),
 	                   ArrayOf(partitions, n, INT4OID),
 	                   ArrayOf(offsets, n, INT8OID),
 	                   error_array,
 	                   Int32GetDatum(settings.max_attempts),
 	                   Int32GetDatum(settings.backoff_base_ms),
-	                   Int32GetDatum(settings.backoff_max_ms)};
+	                   Int32GetDatum(settings.backoff_max_ms),
+	                   Int64GetDatum(int64(defer_ms))};
 	Execute(record_stmt, values, nullptr, SPI_OK_SELECT);
 
 	int failed = int(SPI_processed);

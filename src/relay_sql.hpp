@@ -30,6 +30,8 @@ enum class Outcome : char {
 	Published = 'p',
 	Rejected = 'r', // per-event error: attempts + 1, backoff, or failed at max_attempts
 	Requeued = 'q', // not sent, broker-wide trouble, or unknown outcome: pending, no attempt used
+	Deferred = 'd', // its partition was unavailable while others worked: pending after a delay,
+	                // no attempt used (the key waits; other keys go on)
 };
 
 // Whether outbox.events exists in this database and no DDL holds it. Logs nothing.
@@ -47,7 +49,7 @@ TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch);
 // Records every outcome in one statement. Returns how many events moved to failed; their
 // ids and errors are logged once here.
 int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
-                   const char *const *errors);
+                   const char *const *errors, long defer_ms);
 
 // After a restart or an error mid-batch: this worker's in-flight rows go back to pending.
 int64 RequeueInFlight(const LaneSet &lanes);

@@ -266,6 +266,21 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 			}
 		}
 	}
+	// Broker-wide trouble only if nothing got through. When some events were appended and
+	// others timed out, their partitions (or topics) are the trouble: those events wait a while
+	// without using up attempts, and the worker goes on with every other key at full speed.
+	int published = 0;
+	for (int i = 0; i < n; i++) {
+		published += outcomes[i] == Outcome::Published;
+	}
+	if (*broker_trouble && published > 0) {
+		*broker_trouble = false;
+		for (int i = 0; i < n; i++) {
+			if (outcomes[i] == Outcome::Requeued && errors[i] != nullptr) {
+				outcomes[i] = Outcome::Deferred;
+			}
+		}
+	}
 
 	// Every event of a key after one that was not published must not have been published
 	// either (gapless idempotent producer, and the refused-key rule above). Say so loudly if the
@@ -316,7 +331,7 @@ RunBatch(const Batch &batch) {
 	MaybeCrashAfterAck(batch, outcomes);
 
 	SetWorkerState(slot, WorkerState::Recording);
-	int failed = RecordOutcomes(batch, outcomes, deliveries, errors);
+	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, BackoffMs(outage_steps + 1));
 	requeue_needed = false;
 
 	uint64 published = 0;

@@ -40,7 +40,7 @@ import uuid
 _SYSTEM_PYTHON = "/usr/bin/python3"
 
 try:
-    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+    from confluent_kafka import Consumer, KafkaException, Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 except ImportError as _err:
     # Debian's python3-confluent-kafka lives in the system Python; a pyenv/venv python3 first
@@ -516,17 +516,17 @@ def _smoke(debug):
 
 def _serve():
     """Run a broker until SIGINT/SIGTERM, for demos."""
-    def on_term(signum, frame):
-        raise SystemExit(128 + signum)
-    signal.signal(signal.SIGTERM, on_term)
+    def on_signal(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds through the with block: stop() runs
+    # Set SIGINT explicitly too: a shell starts background jobs with SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt.
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     with KafkaBroker() as kb:
         print(f"kafka broker ready: bootstrap={kb.bootstrap} log={kb.log_path} "
               f"pid={kb.pid} (Ctrl-C to stop)", flush=True)
-        try:
-            code = kb._proc.wait()
-        except KeyboardInterrupt:
-            return 0
-        print(f"kafka broker exited with code {code}", file=sys.stderr)
+        code = kb._proc.wait()
+        print(f"kafka broker exited by itself with code {code}", file=sys.stderr)
         return 1
 
 

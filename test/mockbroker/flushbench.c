@@ -255,7 +255,7 @@ static double bench(const char *path, bool nodelay, int messages, int runs,
     fprintf(stderr, "%-7s: median %.1f ms, min %.1f, max %.1f over %d flushes"
                     " (3 brokers, %d partitions); mock %s\n",
             nodelay ? "nodelay" : "stock", result, t[0], t[runs - 1], runs,
-            partitions, stats);
+            partitions, strncmp(stats, "OK ", 3) == 0 ? stats + 3 : stats);
 out:
     if (rk)
         rd_kafka_destroy(rk);

@@ -355,8 +355,9 @@ static bool run_command(char *line)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: mockbroker [--brokers N] [--topic NAME:PARTITIONS]..."
-                    " [--no-nodelay] [--debug CONTEXTS]\n");
+    fprintf(stderr, "usage: mockbroker [--brokers N]"
+                    " [--topic NAME:PARTITIONS]... [--no-nodelay]"
+                    " [--debug CONTEXTS]\n");
     exit(2);
 }
 

@@ -1,0 +1,60 @@
+"""Shared fixtures of the integration tests: throwaway PostgreSQL clusters with the extension
+preloaded, librdkafka's mock cluster for fault injection, a real Kafka broker for end to end,
+and a Kafka reader that checks what arrived."""
+
+import os
+import sys
+import uuid
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from harness.kafka_reader import read_topic  # noqa: E402
+from harness.mock_cluster import MockCluster  # noqa: E402
+from harness.pg_cluster import PgCluster  # noqa: E402
+
+
+@pytest.fixture
+def mock_cluster():
+    with MockCluster(brokers=3, topics={"billing": 4, "poison": 1, "orders": 8}) as mc:
+        yield mc
+
+
+@pytest.fixture
+def make_relay(request):
+    """make_relay(bootstrap, workers=1, **outbox_settings) -> a started PgCluster with the relay."""
+    clusters = []
+
+    def make(bootstrap, workers=1, create_extension=True, database="postgres", **outbox):
+        settings = {"outbox.bootstrap_servers": f"'{bootstrap}'", "outbox.workers": str(workers)}
+        for name, value in outbox.items():
+            settings[f"outbox.{name}"] = f"'{value}'"
+        pg = PgCluster(settings=settings, create_extension=create_extension, database=database)
+        clusters.append(pg)
+        pg.init().start().setup_database()
+        return pg
+
+    yield make
+    for pg in clusters:
+        try:
+            if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+                print(f"--- server log {pg.log_path} ---\n" + pg.log()[-8000:])
+            pg.assert_no_crash_in_log()
+        finally:
+            pg.cleanup()
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+@pytest.fixture
+def unique_topic():
+    return "t-" + uuid.uuid4().hex[:12]
+
+
+__all__ = ["read_topic"]
