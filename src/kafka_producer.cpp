@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <new>
 #include <pthread.h>
+#include <set>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -89,6 +90,7 @@ public:
 	std::string fatal_reason;
 	int broker_up = -1;
 	std::deque<std::pair<int, std::string>> log_lines;
+	std::set<std::string> known_topics;
 
 	void AddLogLine(int level, std::string line) {
 		if (log_lines.size() >= kMaxBufferedLogLines) {
@@ -136,7 +138,11 @@ OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try 
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || err == RD_KAFKA_RESP_ERR__RESOLVE) {
 		p->broker_up = 0;
 	}
-	p->AddLogLine(4, std::string(rd_kafka_err2name(rd_kafka_resp_err_t(err))) + ": " + reason);
+	// Connection errors also arrive as log lines (log.queue), which the worker forwards; only
+	// what the log does not say is added here.
+	if (err != RD_KAFKA_RESP_ERR__TRANSPORT && err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+		p->AddLogLine(4, std::string(rd_kafka_err2name(rd_kafka_resp_err_t(err))) + ": " + reason);
+	}
 } catch (...) {
 	// Out of memory for a log line: drop it; nothing may unwind into librdkafka.
 }
@@ -145,6 +151,10 @@ OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try 
 void
 OnLog(const rd_kafka_t *rk, int level, const char *fac, const char *buf) noexcept try {
 	Producer *p = static_cast<Producer *>(rd_kafka_opaque(rk));
+	// We turn on enable.gapless.guarantee knowingly; its "experimental" warning is not news.
+	if (strcmp(fac, "CONFWARN") == 0 && strstr(buf, "enable.gapless.guarantee") != nullptr) {
+		return;
+	}
 	if (p) {
 		p->AddLogLine(level, std::string(fac) + ": " + buf);
 	}
@@ -289,6 +299,26 @@ BeginBatch(Producer *p, int n) noexcept {
 	} catch (const std::bad_alloc &) {
 		return false;
 	}
+}
+
+void
+PrepareTopic(Producer *p, const char *topic, int timeout_ms) noexcept {
+	try {
+		if (!p->known_topics.insert(topic).second) {
+			return;
+		}
+	} catch (const std::bad_alloc &) {
+		return; // only an optimisation
+	}
+	rd_kafka_topic_t *rkt = rd_kafka_topic_new(p->rk, topic, nullptr);
+	if (rkt == nullptr) {
+		return;
+	}
+	const struct rd_kafka_metadata *md = nullptr;
+	if (rd_kafka_metadata(p->rk, 0, rkt, &md, timeout_ms) == RD_KAFKA_RESP_ERR_NO_ERROR && md) {
+		rd_kafka_metadata_destroy(md);
+	}
+	rd_kafka_topic_destroy(rkt);
 }
 
 int

@@ -59,6 +59,10 @@ void DestroyProducer(Producer *producer) noexcept;
 // Starts a batch of `n` messages: results are kept per index until the next BeginBatch.
 // Reports of messages of an earlier batch (after a timeout) are ignored.
 bool BeginBatch(Producer *producer, int n) noexcept;
+// librdkafka 2.0.2 looks up a topic it has not seen on its next one-second metadata tick; a
+// first publish to a topic would wait for it. This asks for the topic's metadata at once (once
+// per topic and producer, bounded by timeout_ms).
+void PrepareTopic(Producer *producer, const char *topic, int timeout_ms) noexcept;
 // Enqueues message `index` of the batch. Returns 0, or the librdkafka error that refused it
 // locally (its result is then not waited for). Waits for queue space when the queue is full.
 int Produce(Producer *producer, int index, const Message &message) noexcept;

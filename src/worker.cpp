@@ -29,6 +29,7 @@ constexpr long kPublishWaitMarginMs = 5000; // beyond publish_timeout, for the l
 constexpr long kPurgeIntervalMs = 60000;
 constexpr int kMaxPurgeBatchesPerRound = 100;
 constexpr long kRepeatLogLineMs = 60000;
+constexpr int kTopicMetadataWaitMs = 2000;
 
 // Per-process state (this process is one relay worker). Static, not on the stack, so the
 // recovery block's longjmp never skips it.
@@ -87,13 +88,36 @@ DestroyProducer() {
 	}
 }
 
-// Hands librdkafka's buffered log and error lines to the server log, from this thread.
+// Hands librdkafka's buffered log and error lines to the server log, from this thread. A broker
+// that stays down makes librdkafka repeat itself: at most kProducerLinesPerMinute lines a
+// minute reach the log, and the rest are counted.
+constexpr int kProducerLinesPerMinute = 10;
+TimestampTz producer_log_window = 0;
+int producer_lines_in_window = 0;
+int producer_lines_suppressed = 0;
+
 void
 ForwardProducerLog() {
 	char line[512];
 	int level;
 	while (producer && kafka::TakeLogLine(producer, line, sizeof(line), &level)) {
-		LogOnce(level <= 4 ? LOG : DEBUG1, line);
+		TimestampTz now = GetCurrentTimestamp();
+		if (TimestampDifferenceExceeds(producer_log_window, now, 60000)) {
+			if (producer_lines_suppressed > 0) {
+				ereport(LOG, (errmsg("outbox relay %d: %d more librdkafka log lines suppressed", worker_index,
+				                     producer_lines_suppressed)));
+			}
+			producer_log_window = now;
+			producer_lines_in_window = 0;
+			producer_lines_suppressed = 0;
+		}
+		if (level > 4) {
+			ereport(DEBUG1, (errmsg("outbox relay %d: %s", worker_index, line)));
+		} else if (producer_lines_in_window++ < kProducerLinesPerMinute) {
+			LogOnce(LOG, line);
+		} else {
+			producer_lines_suppressed++;
+		}
 	}
 	if (producer) {
 		int up = kafka::BrokerUp(producer);
@@ -204,6 +228,7 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		if (behind_refused) {
 			continue;
 		}
+		kafka::PrepareTopic(producer, e.topic, kTopicMetadataWaitMs);
 		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
 		int err = kafka::Produce(producer, i, m);
 		if (err != 0 && e.key) {

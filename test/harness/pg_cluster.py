@@ -92,16 +92,24 @@ class PgCluster:
     def set(self, **settings):
         """ALTER SYSTEM each outbox.* setting (keyword: name without prefix) and reload."""
         for name, value in settings.items():
-            self.sql(f"ALTER SYSTEM SET outbox.{name} = %s", (str(value),), dbname="postgres")
+            literal = "'" + str(value).replace("'", "''") + "'"
+            self.sql(f"ALTER SYSTEM SET outbox.{name} = {literal}", dbname="postgres")
         self.reload()
 
     def cleanup(self):
+        # Also stops a server whose start was interrupted (postmaster.pid is there).
+        if os.path.exists(os.path.join(self.datadir, "postmaster.pid")):
+            self.started = True
         self.stop("immediate")
         if not os.environ.get("OUTBOX_KEEP_TMP"):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
-        self.init().start().setup_database()
+        try:
+            self.init().start().setup_database()
+        except BaseException:
+            self.cleanup()
+            raise
         return self
 
     def __exit__(self, *exc):
