@@ -1,0 +1,577 @@
+#!/usr/bin/python3
+"""The outbox benchmark suite (bench/README.md). Run it through bench/run, which installs and
+builds what it needs and runs this as an unprivileged user when started as root.
+
+    bench.py [--quick] [--runs N] [--out DIR] [--only drain,hot_keys,...]
+
+Workloads: drain, hot_keys, burst, idle_latency, enqueue_overhead, memory, table_health.
+Writes DIR/results.json and DIR/*.png, prints a table."""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_epoch, load, log,  # noqa: E402
+                    make_dataset, median, percentile, verify, wait_drained)
+
+WORKLOADS = ["drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead", "memory", "table_health"]
+
+# Sizes. FULL follows the issue except where the time budget of one run (about 35 minutes on a
+# 2-core machine) forces a scale-down; RESULTS.md lists each one and why.
+FULL = {
+    "drain_events": 100_000, "many_keys": 1000, "hot_keys": 10,
+    "drain_workers": [1, 2, 4], "drain_rtts_ms": [0, 5],
+    "baseline_window_s": 12,         # the seed-style relay runs this long on the full backlog
+    "burst_events": 20_000, "burst_seconds": 60,
+    "latency_seconds": 60, "latency_interval_ms": 20, "latency_baseline_seconds": 30,
+    "pgbench_seconds": 10, "pgbench_clients": [1, 4],
+    "memory_events": 1_000_000,
+    "health_seconds": 240, "health_rate": 500, "health_retention": "10s",
+    "rtt_ms": 5,
+}
+QUICK = {
+    "drain_events": 3000, "many_keys": 100, "hot_keys": 10,
+    "drain_workers": [1, 2], "drain_rtts_ms": [0, 5],
+    "baseline_window_s": 2,
+    "burst_events": 600, "burst_seconds": 3,
+    "latency_seconds": 3, "latency_interval_ms": 20, "latency_baseline_seconds": 2,
+    "pgbench_seconds": 2, "pgbench_clients": [1],
+    "memory_events": 10_000,
+    "health_seconds": 20, "health_rate": 200, "health_retention": "2s",
+    "rtt_ms": 5,
+}
+
+SYSTEMS = ["outbox", "batched", "seed", "floor"]
+LABEL = {"outbox": "outbox relay", "batched": "batched relay (hand-written)",
+         "seed": "seed-style relay (articles)", "floor": "SQL floor (claim+record, no Kafka)"}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.sizes = dict(QUICK if args.quick else FULL)
+        self.runs = args.runs if args.runs else (1 if args.quick else 3)
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.results = {"meta": {}, "config": self.sizes, "flushbench": None, "workloads": {}, "errors": []}
+        self.db = None
+        self.mock = None
+        self.seed_index = False
+
+    # -- helpers --------------------------------------------------------------------------------
+    def save(self):
+        with open(self.out / "results.json", "w") as f:
+            json.dump(self.results, f, indent=1, default=str)
+
+    def seed_index_on(self, on):
+        """The articles' partial index for their claim (ORDER BY created_at WHERE status = 'pending');
+        present only while a baseline runs, so the outbox relay never pays for it."""
+        if on and not self.seed_index:
+            self.db.sql("CREATE INDEX IF NOT EXISTS bench_seed_pending_created_idx ON outbox.events (created_at) "
+                        "WHERE status = 'pending'")
+        elif not on and self.seed_index:
+            self.db.sql("DROP INDEX IF EXISTS outbox.bench_seed_pending_created_idx")
+        self.seed_index = on
+
+    def prepare(self, system, workers, rtt, **outbox):
+        self.mock.set_rtt(rtt)
+        if system == "outbox":
+            self.seed_index_on(False)
+            self.db.configure(workers, self.mock.bootstrap, **outbox)
+        else:
+            self.db.configure(0, self.mock.bootstrap)
+            self.seed_index_on(system in ("seed", "batched"))
+        self.db.reset_outbox()
+
+    # -- one drain --------------------------------------------------------------------------
+    def drain(self, system, workers, rtt, dataset, n, label, rss=False):
+        """Loads n events of `dataset` as one committed backlog and lets `system` drain it.
+        The seed-style relay runs for baseline_window_s on the full backlog instead (it would need
+        10+ minutes for 100,000 events); its rate is over what it published in that window."""
+        db = self.db
+        self.prepare(system, workers, rtt)
+        topic = self.mock.new_topic(label)
+        res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n}
+        window = self.sizes["baseline_window_s"] if system == "seed" else None
+        timeout = max(120, n / 300)
+        if system == "outbox":
+            base = db.published_by_workers()
+            sampler = RssSampler(db.worker_pids()) if rss else None
+            if sampler:
+                sampler.start()
+            t0 = load(db, dataset, n, topic)
+            wait_drained(lambda: db.published_by_workers() - base, n, timeout, label)
+            if sampler:
+                res["memory"] = sampler.stop()
+                res["memory_timeline"] = [(t, m.get("VmRSS"), m.get("RssAnon"), m.get("RssShmem"))
+                                          for t, _, m in sampler.samples]
+            res["statements"] = db.relay_statement_times()
+        elif system == "floor":
+            t0 = load(db, dataset, n, topic)
+            errors = []
+
+            def one(i):
+                try:
+                    with db.connect() as c:
+                        c.execute("CALL bench.sql_floor(%s, %s, %s, %s)", (workers, i, 1000, 16 * 1024 * 1024))
+                except Exception as e:  # reported below
+                    errors.append(repr(e))
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(workers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise RuntimeError(errors[0])
+            res["statements"] = db.relay_statement_times()
+        else:
+            relays = ExternalRelays(system, workers, db.dsn, self.mock.bootstrap)
+            try:
+                time.sleep(1.0)  # connected and idle-polling, as in production
+                t0 = load(db, dataset, n, topic)
+                if window:
+                    time.sleep(window)
+                else:
+                    wait_drained(relays.published, n, timeout, label)
+            finally:
+                relays.stop()
+        published = db.value("SELECT count(*) FROM outbox.events WHERE status = 'published'")
+        t_end = last_published_epoch(db)
+        res["published"] = published
+        res["seconds"] = round(t_end - t0, 3)
+        res["rate"] = round(published / (t_end - t0), 1)
+        if system == "floor":
+            res["verify"] = None  # nothing is sent
+            res["unpublished_rows"] = n - published
+        else:
+            res["verify"] = verify(db, self.mock, topic, only_published=bool(window))
+        v = res["verify"] or {}
+        log(f"  {label}: {res['rate']:.0f} events/s ({published} in {res['seconds']:.1f} s)"
+            + (f"; lost {v['lost']}, dup {v['duplicates']}, order-violating keys {v['order_violation_keys']}"
+               if v else "")
+            + (f"; claim {res['statements']['claim']['mean_ms']} ms, record {res['statements']['record']['mean_ms']} ms"
+               if "statements" in res else ""))
+        return res
+
+    # -- workloads ------------------------------------------------------------------------------
+    def w_drain(self):
+        s = self.sizes
+        rtt = s["rtt_ms"]
+        out = []
+        # The cells behind a target (one worker, RTT 5 ms) get --runs runs; the rest one run.
+        cells = []
+        for r in range(self.runs):
+            for system in SYSTEMS:
+                cells.append((r, system, 1, rtt))
+        for system in SYSTEMS:
+            for w in s["drain_workers"]:
+                for rt in s["drain_rtts_ms"]:
+                    if (w, rt) == (1, rtt) or (system == "floor" and rt != rtt):
+                        continue
+                    cells.append((0, system, w, rt))
+        for r, system, w, rt in cells:
+            label = f"drain-{system}-w{w}-rtt{rt}-r{r}"
+            res = self.drain(system, w, rt, "ds_many", s["drain_events"], label, rss=(system == "outbox"))
+            res["run"] = r
+            out.append(res)
+            self.results["workloads"]["drain"] = out
+            self.save()
+        return out
+
+    def w_hot_keys(self):
+        s = self.sizes
+        rtt = s["rtt_ms"]
+        out = []
+        cells = [(r, "outbox") for r in range(self.runs)] + [(0, "batched"), (0, "seed"), (0, "floor")]
+        for r, system in cells:
+            label = f"hot-{system}-w1-rtt{rtt}-r{r}"
+            res = self.drain(system, 1, rtt, "ds_hot", s["drain_events"], label)
+            res["run"] = r
+            out.append(res)
+            self.results["workloads"]["hot_keys"] = out
+            self.save()
+        return out
+
+    def start_system(self, system, workers=1):
+        if system == "outbox":
+            return None
+        relays = ExternalRelays(system, workers, self.db.dsn, self.mock.bootstrap)
+        time.sleep(1.0)
+        return relays
+
+    def published_counter(self, system, relays):
+        if system == "outbox":
+            base = self.db.published_by_workers()
+            return lambda: self.db.published_by_workers() - base
+        return relays.published
+
+    def w_burst(self):
+        """Monthly renewal burst: events enqueued at a steady rate while the relay runs, two per
+        transaction (invoice.created and invoice.paid of one subscription)."""
+        s = self.sizes
+        rtt = s["rtt_ms"]
+        out = []
+        for system in ("outbox", "batched", "seed"):
+            self.prepare(system, 1, rtt)
+            topic = self.mock.new_topic(f"burst-{system}")
+            relays = self.start_system(system)
+            try:
+                published = self.published_counter(system, relays)
+                n_tx = s["burst_events"] // 2
+                interval = s["burst_seconds"] / n_tx
+                backlog = []
+                with self.db.connect(autocommit=False) as c:
+                    start = time.monotonic()
+                    t_first = time.time()
+                    next_sample = 0.0
+                    for j in range(n_tx):
+                        target = start + j * interval
+                        delay = target - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                        key = f"sub-{j:06d}"
+                        c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)",
+                                  (topic, key, f'{{"event": "invoice.created", "subscription_id": "{key}", '
+                                               f'"amount_cents": {1000 + j % 9000}, "currency": "EUR"}}'))
+                        c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)",
+                                  (topic, key, f'{{"event": "invoice.paid", "subscription_id": "{key}", '
+                                               f'"amount_cents": {1000 + j % 9000}, "currency": "EUR"}}'))
+                        c.commit()
+                        el = time.monotonic() - start
+                        if el >= next_sample:
+                            backlog.append((round(el, 2), 2 * (j + 1) - published()))
+                            next_sample += 0.5
+                    t_last_commit = time.time()
+                    enqueue_seconds = time.monotonic() - start
+                n = 2 * n_tx
+                while published() < n:
+                    el = time.monotonic() - start
+                    if el >= next_sample:
+                        backlog.append((round(el, 2), n - published()))
+                        next_sample += 0.5
+                    if el > enqueue_seconds + 900:
+                        raise TimeoutError(f"burst {system}: {published()} of {n} published")
+                    time.sleep(0.05)
+                backlog.append((round(time.monotonic() - start, 2), 0))
+            finally:
+                if relays:
+                    relays.stop()
+            delays = sorted(float(x) for (x,) in self.db.sql(
+                "SELECT extract(epoch FROM published_at - created_at) * 1000 FROM outbox.events"))
+            t_end = last_published_epoch(self.db)
+            res = {"system": system, "workers": 1, "rtt_ms": rtt, "events": n,
+                   "enqueue_seconds": round(enqueue_seconds, 2), "offered_rate": round(n / enqueue_seconds, 1),
+                   "time_to_empty_s": round(t_end - t_last_commit, 3),
+                   "total_seconds": round(t_end - t_first, 2),
+                   "worst_delay_ms": round(delays[-1], 1), "p50_delay_ms": round(percentile(delays, 50), 1),
+                   "p99_delay_ms": round(percentile(delays, 99), 1),
+                   "peak_backlog": max(b for _, b in backlog), "backlog_timeline": backlog,
+                   "verify": verify(self.db, self.mock, topic)}
+            v = res["verify"]
+            log(f"  burst {system}: {n} events offered at {res['offered_rate']}/s over {res['enqueue_seconds']} s; "
+                f"empty {res['time_to_empty_s']} s after the last commit; worst delay {res['worst_delay_ms']} ms, "
+                f"peak backlog {res['peak_backlog']}; lost {v['lost']}, dup {v['duplicates']}, "
+                f"order-violating keys {v['order_violation_keys']}")
+            out.append(res)
+            self.results["workloads"]["burst"] = out
+            self.save()
+        return out
+
+    def w_idle_latency(self):
+        """One event every 20 ms on an otherwise idle queue. Latency = published_at - created_at:
+        created_at is now() of the enqueuing transaction (a single-statement autocommit
+        transaction, so within the statement's duration of its commit); published_at is the time
+        the relay had the broker's ack (outbox: start of the record transaction that follows the
+        batch's last delivery report; baselines: clock_timestamp() in their UPDATE after flush)."""
+        s = self.sizes
+        rtt = s["rtt_ms"]
+        out = []
+        cells = [(r, "outbox") for r in range(self.runs)] + [(0, "batched"), (0, "seed")]
+        for r, system in cells:
+            seconds = s["latency_seconds"] if system == "outbox" else s["latency_baseline_seconds"]
+            self.prepare(system, 1, rtt)
+            topic = self.mock.new_topic(f"latency-{system}-r{r}")
+            relays = self.start_system(system)
+            try:
+                with self.db.connect() as c:
+                    # Warm-up: topic metadata and connections; excluded from the figures.
+                    for i in range(5):
+                        c.execute("SELECT outbox.enqueue(%s, 'warm-up', '{}'::jsonb)", (topic,))
+                    common.wait_until(lambda: self.db.value(
+                        "SELECT count(*) FROM outbox.events WHERE status = 'published'") == 5, 30, "warm-up")
+                    n = int(seconds * 1000 / s["latency_interval_ms"])
+                    interval = s["latency_interval_ms"] / 1000.0
+                    stmt_ms = []
+                    start = time.monotonic()
+                    for i in range(n):
+                        delay = start + i * interval - time.monotonic()
+                        if delay > 0:
+                            time.sleep(delay)
+                        t = time.monotonic()
+                        c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)",
+                                  (topic, f"acct-{i % 50}", f'{{"event": "payment.failed", "seq": {i}}}'))
+                        stmt_ms.append((time.monotonic() - t) * 1000)
+                common.wait_until(lambda: self.db.value(
+                    "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "latency drained")
+            finally:
+                if relays:
+                    relays.stop()
+            lat = sorted(float(x) for (x,) in self.db.sql(
+                "SELECT extract(epoch FROM published_at - created_at) * 1000 FROM outbox.events "
+                "WHERE key <> 'warm-up' ORDER BY id"))
+            res = {"system": system, "run": r, "workers": 1, "rtt_ms": rtt, "events": len(lat),
+                   "seconds": seconds,
+                   "p50_ms": round(percentile(lat, 50), 2), "p90_ms": round(percentile(lat, 90), 2),
+                   "p99_ms": round(percentile(lat, 99), 2), "max_ms": round(lat[-1], 2),
+                   "mean_ms": round(sum(lat) / len(lat), 2),
+                   "enqueue_statement_p50_ms": round(percentile(sorted(stmt_ms), 50), 3),
+                   "latencies_ms": [round(x, 2) for x in lat],
+                   "verify": verify(self.db, self.mock, topic)}
+            v = res["verify"]
+            log(f"  idle latency {system} run {r}: p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms, "
+                f"max {res['max_ms']} ms over {len(lat)} events; lost {v['lost']}, dup {v['duplicates']}, "
+                f"order-violating keys {v['order_violation_keys']}")
+            out.append(res)
+            self.results["workloads"]["idle_latency"] = out
+            self.save()
+        return out
+
+    def w_enqueue_overhead(self):
+        """pgbench: a business INSERT plus outbox.enqueue() per transaction, against the same
+        business INSERT plus a plain INSERT of the same bytes into an ordinary table. The relay is
+        off (workers = 0) so that only the write path is compared."""
+        s = self.sizes
+        db = self.db
+        self.prepare("floor", 0, s["rtt_ms"])  # relay off
+        db.sql("DROP TABLE IF EXISTS bench.invoices, bench.plain_events")
+        db.sql("CREATE TABLE bench.invoices (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+               "subscription_id bigint NOT NULL, amount_cents int NOT NULL, status text NOT NULL, "
+               "paid_at timestamptz NOT NULL DEFAULT now())")
+        db.sql("CREATE TABLE bench.plain_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+               "topic text NOT NULL, key text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
+        business = ("INSERT INTO bench.invoices (subscription_id, amount_cents, status) "
+                    "VALUES (:sub, :amount, 'paid');")
+        payload = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\", "
+                   "\"subscription_id\": \"sub-' || :sub || '\", \"amount_cents\": ' || :amount || ', "
+                   "\"currency\": \"EUR\", \"period\": \"2026-11\"}'")
+        scripts = {
+            "outbox": f"SELECT outbox.enqueue('billing', 'sub-' || :sub, ({payload})::jsonb);",
+            "plain": f"INSERT INTO bench.plain_events (topic, key, payload) VALUES "
+                     f"('billing', 'sub-' || :sub, ({payload})::jsonb);",
+        }
+        tmp = Path(tempfile.mkdtemp(prefix="outbox-pgbench-"))
+        files = {}
+        for name, second in scripts.items():
+            p = tmp / f"{name}.sql"
+            p.write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
+                         f"BEGIN;\n{business}\n{second}\nEND;\n")
+            files[name] = p
+        env = dict(os.environ, PGOPTIONS="-c pg_stat_statements.track=none")
+        out = []
+        try:
+            for r in range(self.runs):
+                for clients in s["pgbench_clients"]:
+                    for variant in ("plain", "outbox"):
+                        db.sql("TRUNCATE bench.invoices, bench.plain_events, outbox.events")
+                        db.sql("CHECKPOINT")
+                        cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+                               "-T", str(s["pgbench_seconds"]), "-h", db.pg.tmp, "-p", str(db.pg.port),
+                               "-U", "postgres", "-f", str(files[variant]), "postgres"]
+                        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                        if p.returncode != 0:
+                            raise RuntimeError(f"pgbench failed: {p.stderr[-2000:]}")
+                        tps = lat = None
+                        for line in p.stdout.splitlines():
+                            if line.startswith("tps ="):
+                                tps = float(line.split()[2])
+                            if line.startswith("latency average"):
+                                lat = float(line.split()[3])
+                        out.append({"run": r, "clients": clients, "variant": variant, "tps": tps,
+                                    "latency_avg_ms": lat})
+                        log(f"  pgbench {variant} clients={clients} run {r}: {tps:.0f} tps, {lat} ms")
+                        self.results["workloads"]["enqueue_overhead"] = {"runs": out}
+                        self.save()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        summary = {}
+        for clients in s["pgbench_clients"]:
+            plain = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "plain"])
+            ob = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "outbox"])
+            summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob,
+                                     "overhead_pct": round(100 * (1 - ob / plain), 1)}
+            log(f"  enqueue overhead, {clients} client(s): {summary[str(clients)]['overhead_pct']}% "
+                f"({ob:.0f} vs {plain:.0f} tps)")
+        res = {"runs": out, "summary": summary, "scripts": {k: v.read_text() if v.exists() else None
+                                                            for k, v in files.items()}}
+        res["scripts"] = {k: ("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
+                              f"BEGIN;\n{business}\n{v}\nEND;\n") for k, v in scripts.items()}
+        self.results["workloads"]["enqueue_overhead"] = res
+        self.save()
+        return res
+
+    def w_memory(self):
+        """Worker memory while draining a large backlog (one worker, RTT 5 ms)."""
+        s = self.sizes
+        n = s["memory_events"]
+        db = self.db
+        base = db.value("SELECT count(*) FROM bench.ds_many")
+        copies = -(-n // base)
+        db.sql("DROP TABLE IF EXISTS bench.ds_big")
+        db.sql("CREATE TABLE bench.ds_big AS SELECT g * %s + d.n AS n, gen_random_uuid() AS event_id, d.key, "
+               "d.payload, d.headers FROM bench.ds_many d, generate_series(0, %s) g WHERE g * %s + d.n <= %s",
+               (base, copies - 1, base, n))
+        db.sql("CREATE UNIQUE INDEX ON bench.ds_big (n)")
+        res = self.drain("outbox", 1, s["rtt_ms"], "ds_big", n, "memory-outbox-w1", rss=True)
+        res["table_size_mb"] = round(db.value("SELECT pg_total_relation_size('outbox.events')") / 1048576, 1)
+        res["shared_buffers"] = db.value("SHOW shared_buffers")
+        db.sql("DROP TABLE bench.ds_big")
+        db.reset_outbox()
+        self.results["workloads"]["memory"] = res
+        self.save()
+        log(f"  memory: worker peak VmRSS {res['memory']['peak_vmrss_mb']} MB (private: anon "
+            f"{res['memory']['peak_rss_anon_mb']} MB + file {res['memory']['peak_rss_file_mb']} MB; "
+            f"shared memory pages {res['memory']['peak_rss_shmem_mb']} MB)")
+        return res
+
+    def w_table_health(self):
+        """Sustained load with retention on: size of outbox.events and its indexes over time."""
+        s = self.sizes
+        db = self.db
+        self.prepare("outbox", 1, s["rtt_ms"], retention=s["health_retention"])
+        topic = self.mock.new_topic("health")
+        rate = s["health_rate"]
+        per_tx = 10
+        interval = per_tx / rate
+        samples = []
+        sizes_sql = ("SELECT pg_relation_size('outbox.events'), pg_indexes_size('outbox.events'), "
+                     "pg_total_relation_size('outbox.events'), "
+                     "(SELECT count(*) FROM outbox.events), "
+                     "(SELECT count(*) FROM outbox.events WHERE status <> 'published'), "
+                     "n_dead_tup, autovacuum_count, vacuum_count FROM pg_stat_user_tables "
+                     "WHERE relid = 'outbox.events'::regclass")
+        enqueued = 0
+        try:
+            with db.connect(autocommit=False) as c, db.connect() as mon:
+                start = time.monotonic()
+                next_sample = 0.0
+                i = 0
+                while time.monotonic() - start < s["health_seconds"]:
+                    delay = start + i * interval - time.monotonic()
+                    if delay > 0:
+                        time.sleep(delay)
+                    c.execute("SELECT count(outbox.enqueue(%s, 'sub-' || (g %% 1000), "
+                              "('{\"event\": \"invoice.paid\", \"seq\": ' || g || '}')::jsonb)) "
+                              "FROM generate_series(%s, %s) g", (topic, enqueued, enqueued + per_tx - 1))
+                    c.commit()
+                    enqueued += per_tx
+                    i += 1
+                    el = time.monotonic() - start
+                    if el >= next_sample:
+                        row = mon.execute(sizes_sql).fetchone()
+                        samples.append({"t": round(el, 1), "table_bytes": row[0], "index_bytes": row[1],
+                                        "total_bytes": row[2], "rows": row[3], "unpublished": row[4],
+                                        "dead_tuples": row[5], "autovacuums": row[6], "enqueued": enqueued})
+                        next_sample += 5.0
+            common.wait_until(lambda: db.value(
+                "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "health drained")
+        finally:
+            db.configure(db.workers, retention="7d")
+        third = s["health_seconds"] / 3
+
+        def peak(lo, hi):
+            xs = [x["total_bytes"] for x in samples if lo <= x["t"] < hi]
+            return max(xs) if xs else None
+        mid, last = peak(third, 2 * third), peak(2 * third, s["health_seconds"] + 1)
+        res = {"events": enqueued, "rate": rate, "seconds": s["health_seconds"],
+               "retention": s["health_retention"], "purge_interval_s": 60, "samples": samples,
+               "peak_total_mb_middle_third": round(mid / 1048576, 2) if mid else None,
+               "peak_total_mb_last_third": round(last / 1048576, 2) if last else None,
+               "growth_last_vs_middle_pct": round(100 * (last / mid - 1), 1) if mid and last else None,
+               "final_rows": samples[-1]["rows"] if samples else None}
+        log(f"  table health: {enqueued} events at {rate}/s with retention {s['health_retention']}: "
+            f"peak table+index {res['peak_total_mb_middle_third']} MB in the middle third, "
+            f"{res['peak_total_mb_last_third']} MB in the last third")
+        self.results["workloads"]["table_health"] = res
+        self.save()
+        return res
+
+    # -- the run ------------------------------------------------------------------------------
+    def run(self):
+        selected = self.args.only.split(",") if self.args.only else WORKLOADS
+        unknown = set(selected) - set(WORKLOADS)
+        if unknown:
+            raise SystemExit(f"unknown workloads: {', '.join(sorted(unknown))}")
+        started = time.time()
+        self.results["meta"] = common.machine_info()
+        self.results["meta"]["command"] = self.args.command or " ".join(sys.argv)
+        self.results["meta"]["quick"] = self.args.quick
+        self.results["meta"]["runs"] = self.runs
+        self.results["meta"]["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        log("flushbench (test/mockbroker): one 200-message flush at RTT 0")
+        fb = common.flushbench()
+        self.results["flushbench"] = fb
+        print(fb["output"])
+        print(fb["details"])
+        self.mock = Mock()
+        self.db = Postgres()
+        self.results["meta"]["postgres_settings"] = dict(
+            self.db.sql("SELECT name, setting FROM pg_settings WHERE name IN ('shared_buffers', 'fsync', "
+                        "'synchronous_commit', 'jit', 'autovacuum_naptime', 'max_wal_size', 'wal_level')"))
+        try:
+            s = self.sizes
+            if set(selected) & {"drain", "memory", "burst", "idle_latency"}:
+                log(f"data set: {s['drain_events']} events over {s['many_keys']} keys")
+                make_dataset(self.db, "ds_many", s["drain_events"], s["many_keys"])
+            if "hot_keys" in selected:
+                log(f"data set: {s['drain_events']} events over {s['hot_keys']} keys")
+                make_dataset(self.db, "ds_hot", s["drain_events"], s["hot_keys"])
+            for w in selected:
+                log(f"== {w}")
+                try:
+                    getattr(self, "w_" + w)()
+                except Exception as e:
+                    traceback.print_exc()
+                    self.results["errors"].append({"workload": w, "error": repr(e)})
+                    self.save()
+        finally:
+            self.results["meta"]["duration_s"] = round(time.time() - started, 1)
+            self.results["meta"]["postgres_log_tail"] = self.db.pg.log()[-5000:] if self.db else None
+            self.db.stop()
+            self.mock.close()
+        import report
+        self.results["summary"], self.results["targets"] = report.summarize(self.results)
+        self.save()
+        report.print_tables(self.results)
+        try:
+            import charts
+            charts.draw(self.results, self.out)
+        except ImportError as e:
+            log(f"charts skipped: {e}")
+        log(f"results: {self.out / 'results.json'} ({self.results['meta']['duration_s']} s)")
+        return 1 if self.results["errors"] else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke sizes (a couple of minutes, no targets)")
+    ap.add_argument("--runs", type=int, default=None, help="runs of each target cell (default 3; --quick 1)")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(WORKLOADS))
+    ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    sys.exit(Bench(args).run())
+
+
+if __name__ == "__main__":
+    main()

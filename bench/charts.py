@@ -1,0 +1,142 @@
+"""PNG charts of a results.json: throughput by workers and RTT, latency distribution, worker
+memory over the big drain, table size under steady load, backlog during the burst."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"outbox": "tab:blue", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray"}
+NAMES = {"outbox": "outbox relay", "batched": "batched relay", "seed": "seed-style relay",
+         "floor": "SQL floor (no Kafka)"}
+
+
+def throughput(results, out):
+    rows = results.get("summary", {}).get("drain") or []
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for system in ("outbox", "batched", "seed", "floor"):
+        for rtt, style in ((0, "--"), (5, "-")):
+            pts = sorted((r["workers"], r["rate_median"]) for r in rows
+                         if r["system"] == system and r["rtt_ms"] == rtt)
+            if not pts:
+                continue
+            label = NAMES[system] + ("" if system == "floor" else f", RTT {rtt} ms")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", color=COLORS[system], label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers")
+    ax.set_ylabel("events/s (log scale)")
+    ax.set_xticks(sorted({r["workers"] for r in rows}))
+    n = results["config"]["drain_events"]
+    ax.set_title(f"Backlog drain, {n:,} events over {results['config']['many_keys']:,} keys")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "throughput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def latency(results, out):
+    runs = results.get("workloads", {}).get("idle_latency") or []
+    if not runs:
+        return None
+    rtt = results["config"]["rtt_ms"]
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for system in ("outbox", "batched", "seed"):
+        lat = sorted(x for r in runs if r["system"] == system for x in r["latencies_ms"])
+        if not lat:
+            continue
+        ys = [(i + 1) / len(lat) for i in range(len(lat))]
+        ax.plot(lat, ys, color=COLORS[system], label=f"{NAMES[system]} ({len(lat)} events)")
+    ax.axvline(rtt + 3, color="k", ls=":", lw=1, label=f"target p50 <= {rtt + 3} ms")
+    ax.axvline(rtt + 15, color="k", ls="--", lw=1, label=f"target p99 <= {rtt + 15} ms")
+    ax.set_xscale("log")
+    ax.set_xlabel("commit -> broker ack, ms (log scale)")
+    ax.set_ylabel("fraction of events")
+    ax.set_title(f"Idle-queue latency: one event every {results['config']['latency_interval_ms']} ms, "
+                 f"RTT {rtt} ms")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = out / "latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def memory(results, out):
+    mem = results.get("workloads", {}).get("memory")
+    if not mem or not mem.get("memory_timeline"):
+        return None
+    tl = mem["memory_timeline"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ts = [x[0] for x in tl]
+    ax.plot(ts, [x[1] / 1024 for x in tl], label="VmRSS", color="tab:blue")
+    ax.plot(ts, [x[2] / 1024 for x in tl], label="RssAnon (private heap)", color="tab:green")
+    ax.plot(ts, [x[3] / 1024 for x in tl], label="RssShmem (shared buffers touched)", color="tab:gray")
+    ax.axhline(64, color="k", ls="--", lw=1, label="target 64 MB")
+    ax.set_xlabel("seconds since the load started")
+    ax.set_ylabel("MB")
+    ax.set_title(f"Relay worker memory, {mem['events']:,}-event backlog")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "memory.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table_health(results, out):
+    th = results.get("workloads", {}).get("table_health")
+    if not th or not th.get("samples"):
+        return None
+    s = th["samples"]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ts = [x["t"] for x in s]
+    ax.plot(ts, [x["total_bytes"] / 1048576 for x in s], label="table + indexes", color="tab:blue")
+    ax.plot(ts, [x["table_bytes"] / 1048576 for x in s], label="table", color="tab:green")
+    ax.plot(ts, [x["index_bytes"] / 1048576 for x in s], label="indexes", color="tab:orange")
+    ax2 = ax.twinx()
+    ax2.plot(ts, [x["enqueued"] / 1000 for x in s], color="tab:gray", ls=":", label="events enqueued (k)")
+    ax2.set_ylabel("events enqueued (thousands)")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("MB")
+    ax.set_title(f"outbox.events size, {th['rate']} events/s, retention {th['retention']}")
+    ax.grid(True, alpha=0.3)
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path = out / "table_health.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def burst(results, out):
+    runs = results.get("workloads", {}).get("burst") or []
+    if not runs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for r in runs:
+        tl = r["backlog_timeline"]
+        ax.plot([x[0] for x in tl], [x[1] for x in tl], color=COLORS[r["system"]], label=NAMES[r["system"]])
+    ax.set_xlabel("seconds since the burst started")
+    ax.set_ylabel("events enqueued but not yet published")
+    ax.set_title(f"Renewal burst: {runs[0]['events']:,} events in {runs[0]['enqueue_seconds']:.0f} s, one worker")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "burst.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def draw(results, out):
+    return [p for p in (throughput(results, out), latency(results, out), memory(results, out),
+                        table_health(results, out), burst(results, out)) if p]

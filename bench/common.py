@@ -1,0 +1,470 @@
+"""Shared machinery of the benchmark: the throwaway PostgreSQL with the extension, the librdkafka
+mock cluster, data sets, the relays under test (ours and the baselines), and the verification of
+what arrived in Kafka."""
+
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO / "test"))
+os.environ["PATH"] = "/usr/lib/postgresql/15/bin:" + os.environ.get("PATH", "")
+
+import psycopg
+import psycopg.sql
+from confluent_kafka import Consumer, KafkaError, TopicPartition, OFFSET_BEGINNING  # noqa: E402
+
+from harness.mock_cluster import MockCluster  # noqa: E402
+from harness.pg_cluster import PgCluster  # noqa: E402
+from harness.wait import wait_until  # noqa: E402
+
+import sql_floor  # noqa: E402
+
+PARTITIONS = 12  # per topic, over the mock's 3 brokers
+PYTHON = "/usr/bin/python3"
+
+
+def log(*args):
+    print(time.strftime("%H:%M:%S"), *args, flush=True)
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def percentile(sorted_xs, p):
+    if not sorted_xs:
+        return None
+    k = (len(sorted_xs) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(sorted_xs) - 1)
+    return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (k - lo)
+
+
+# --------------------------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------------------------
+
+# The extension's defaults (the test harness shortens some of them); the bench measures the
+# relay as shipped. fsync stays on: production durability, every commit waits for its WAL flush.
+BENCH_SETTINGS = {
+    "fsync": "on",
+    "shared_preload_libraries": "'outbox,pg_stat_statements'",
+    "pg_stat_statements.track": "all",
+    "outbox.poll_interval": "'10s'",
+    "outbox.backoff_base": "'1s'",
+    "outbox.backoff_max": "'300s'",
+    "outbox.publish_timeout": "'30s'",
+    "log_autovacuum_min_duration": "0",
+}
+
+
+class Postgres:
+    """One PgCluster for the whole bench; the relay's worker count and bootstrap servers are
+    changed with ALTER SYSTEM and a restart (outbox.workers needs one)."""
+
+    def __init__(self, extra_settings=None):
+        settings = dict(BENCH_SETTINGS)
+        settings.update(extra_settings or {})
+        settings["outbox.workers"] = "0"
+        self.pg = PgCluster(settings=settings)
+        self.pg.init().start().setup_database()
+        self.workers = 0
+        self.bootstrap = None
+        self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        self.sql("CREATE SCHEMA IF NOT EXISTS bench")
+        with self.connect() as c:
+            c.execute(sql_floor.procedure_sql())
+
+    # access
+    def connect(self, autocommit=True):
+        return self.pg.connect(autocommit=autocommit)
+
+    def sql(self, query, params=None):
+        return self.pg.sql(query, params)
+
+    def value(self, query, params=None):
+        return self.pg.value(query, params)
+
+    @property
+    def dsn(self):
+        return f"host={self.pg.tmp} port={self.pg.port} user=postgres dbname=postgres"
+
+    def configure(self, workers, bootstrap=None, **outbox):
+        """Relay with `workers` workers (0: off) publishing to `bootstrap`; restarts when needed."""
+        changes = {}
+        if workers != self.workers:
+            changes["workers"] = workers
+        if bootstrap is not None and bootstrap != self.bootstrap:
+            changes["bootstrap_servers"] = bootstrap
+        changes.update(outbox)
+        if not changes:
+            return
+        for name, value in changes.items():
+            # (ALTER SYSTEM takes no bind parameters: quote the value client-side.)
+            with self.connect() as c:
+                c.execute(psycopg.sql.SQL("ALTER SYSTEM SET outbox.{} = {}").format(
+                    psycopg.sql.SQL(name), psycopg.sql.Literal(str(value))))
+        self.pg.restart()
+        self.workers = workers
+        if bootstrap is not None:
+            self.bootstrap = bootstrap
+        if workers:
+            self.pg.wait_workers_running(workers, timeout=60)
+            wait_until(lambda: all(r[2] == "idle" for r in self.pg.workers()), 60, "relay workers idle")
+
+    def reset_outbox(self, keep_identity=False):
+        self.sql("TRUNCATE outbox.events" + ("" if keep_identity else " RESTART IDENTITY"))
+        self.sql("SELECT pg_stat_statements_reset()")
+
+    def worker_pids(self):
+        return [r[1] for r in self.pg.workers() if r[1]]
+
+    def published_by_workers(self):
+        return sum(r[3] or 0 for r in self.pg.workers())
+
+    def relay_statement_times(self):
+        """Mean execution time (ms) and calls of the relay's claim and record statements since the
+        last reset (pg_stat_statements)."""
+        out = {}
+        for name, prefix in (("claim", "%WITH candidates AS%"), ("record", "%WITH o AS (%")):
+            row = self.sql("SELECT sum(calls), sum(total_exec_time) / nullif(sum(calls), 0), sum(rows) "
+                           "FROM pg_stat_statements WHERE query LIKE %s", (prefix,))[0]
+            out[name] = {"calls": int(row[0] or 0), "mean_ms": round(float(row[1]), 2) if row[1] else None}
+        return out
+
+    def stop(self):
+        self.pg.cleanup()
+
+
+# --------------------------------------------------------------------------------------------
+# Data sets: built once with outbox.enqueue, replayed into outbox.events for every run with
+# outbox.enqueue again (same event ids, keys, payload bytes, lanes), so every relay gets the same
+# table shape and the same data.
+# --------------------------------------------------------------------------------------------
+
+def make_dataset(db, name, n, keys):
+    """bench.<name>(n, event_id, key, payload, headers): n billing events (about 230 bytes of JSON)
+    over `keys` keys, key = i mod keys."""
+    db.reset_outbox()
+    with db.connect() as c:
+        c.execute("""
+            SELECT count(outbox.enqueue('dataset', k, jsonb_build_object(
+                'event', 'invoice.paid', 'invoice_id', 'inv-' || i, 'subscription_id', k,
+                'amount_cents', 1000 + i %% 9000, 'currency', 'EUR', 'period', '2026-11',
+                'customer_email', 'customer-' || (i %% 997) || '@example.com')))
+            FROM (SELECT i, 'sub-' || lpad((i %% %s)::text, 5, '0') AS k FROM generate_series(0, %s) i) s""",
+                  (keys, n - 1))
+        c.execute(f"DROP TABLE IF EXISTS bench.{name}")
+        c.execute(f"CREATE TABLE bench.{name} AS SELECT row_number() OVER (ORDER BY id) AS n, event_id, key, "
+                  f"payload, headers FROM outbox.events")
+        c.execute(f"CREATE UNIQUE INDEX ON bench.{name} (n)")
+    db.reset_outbox()
+
+
+def load(db, dataset, n, topic, analyze=True):
+    """Enqueues the first n events of a data set to `topic` in one transaction (ANALYZE included,
+    so the planner knows the backlog as it would in a table that has been in use). Returns the
+    wall-clock time of the commit (epoch seconds)."""
+    with db.connect(autocommit=False) as c:
+        c.execute(f"SELECT count(outbox.enqueue(%s, s.key, s.payload, s.headers, s.event_id)) "
+                  f"FROM (SELECT * FROM bench.{dataset} WHERE n <= %s ORDER BY n) s", (topic, n))
+        if analyze:
+            c.execute("ANALYZE outbox.events")
+        c.commit()
+        return time.time()
+
+
+def expected_order(db, only_published=False):
+    """{key: [event_id, ...]} in enqueue order, and the number of events (only the published ones
+    when a relay was stopped before the end of the backlog)."""
+    by_key = {}
+    rows = db.sql("SELECT key, event_id::text FROM outbox.events "
+                  + ("WHERE status = 'published' " if only_published else "") + "ORDER BY id")
+    for key, eid in rows:
+        by_key.setdefault(key, []).append(eid)
+    return by_key, len(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Kafka side
+# --------------------------------------------------------------------------------------------
+
+class Mock:
+    """The project's mock cluster program (3 brokers, TCP_NODELAY fixed), one topic per run."""
+
+    def __init__(self):
+        self.mc = MockCluster(brokers=3, topics={})
+        self.bootstrap = self.mc.bootstrap
+        self.rtt_ms = 0
+        self.topics = 0
+
+    def set_rtt(self, ms):
+        if ms != self.rtt_ms:
+            self.mc.rtt("all", ms)
+            self.rtt_ms = ms
+
+    def new_topic(self, prefix):
+        self.topics += 1
+        name = f"{prefix}-{self.topics}"
+        self.mc.create_topic(name, PARTITIONS)
+        return name
+
+    def close(self):
+        self.mc.close()
+
+
+def read_all(bootstrap, topic, expected, timeout=300.0, settle=1.0):
+    """Every record of every partition of `topic`: [(partition, offset, key, event_id)]. Reads
+    until `expected` records are in and nothing new has come for `settle` seconds (so duplicates
+    beyond `expected` are seen too), or the deadline passes."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "outbox-bench-reader",
+                         "enable.auto.commit": False, "enable.partition.eof": False,
+                         "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        records = []
+        deadline = time.monotonic() + timeout
+        quiet_since = None
+        while time.monotonic() < deadline:
+            msgs = consumer.consume(50000, timeout=0.2)
+            got = 0
+            for m in msgs:
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(m.error())
+                eid = None
+                for k, v in (m.headers() or []):
+                    if k == "event_id":
+                        eid = v.decode()
+                records.append((m.partition(), m.offset(), m.key().decode() if m.key() is not None else None, eid))
+                got += 1
+            if got:
+                quiet_since = None
+            elif len(records) >= expected:
+                if quiet_since is None:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= settle:
+                    break
+        return records
+    finally:
+        consumer.close()
+
+
+def check(records, by_key, n_expected):
+    """lost / duplicates / per-key order (judged on first deliveries in partition append order).
+    Same rules as test/harness/kafka_reader.check_delivery, in linear time."""
+    seen = set()
+    first_order = {}
+    duplicates = 0
+    for part, off, key, eid in sorted(records):
+        if eid in seen:
+            duplicates += 1
+            continue
+        seen.add(eid)
+        first_order.setdefault(key, []).append(eid)
+    lost = 0
+    violating_keys = 0
+    out_of_place = 0
+    unexpected = len(seen)
+    for key, ids in by_key.items():
+        idset = set(ids)
+        lost += sum(1 for e in ids if e not in seen)
+        got = [e for e in first_order.get(key, []) if e in idset]
+        want = [e for e in ids if e in seen]
+        unexpected -= len(want)
+        if got != want:
+            violating_keys += 1
+            out_of_place += sum(1 for a, b in zip(got, want) if a != b)
+    return {"expected": n_expected, "delivered": len(records), "unique": len(seen), "lost": lost,
+            "duplicates": duplicates, "order_violation_keys": violating_keys,
+            "events_out_of_place": out_of_place, "unexpected": unexpected}
+
+
+def verify(db, mock, topic, only_published=False):
+    """Consumes every partition of `topic` and checks it against the table: lost (a row that is
+    not in Kafka), duplicates, per-key order, and rows the relay left unpublished."""
+    by_key, n = expected_order(db, only_published)
+    records = read_all(mock.bootstrap, topic, n)
+    result = check(records, by_key, n)
+    statuses = dict(db.sql("SELECT status, count(*) FROM outbox.events GROUP BY status"))
+    result["unpublished_rows"] = 0 if only_published else n - statuses.get("published", 0)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Worker memory
+# --------------------------------------------------------------------------------------------
+
+def proc_memory(pid):
+    """{'VmRSS': kB, 'RssAnon': kB, 'RssFile': kB, 'RssShmem': kB, 'VmHWM': kB} of a process."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM"):
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+class RssSampler(threading.Thread):
+    """Samples the relay workers' memory every `interval` seconds."""
+
+    def __init__(self, pids, interval=0.5):
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.interval = interval
+        self.samples = []  # (t, pid, {..})
+        self.stop_event = threading.Event()
+        self.t0 = time.time()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            t = time.time() - self.t0
+            for pid in self.pids:
+                m = proc_memory(pid)
+                if m:
+                    self.samples.append((round(t, 2), pid, m))
+            self.stop_event.wait(self.interval)
+
+    def stop(self):
+        self.stop_event.set()
+        self.join()
+        return self.summary()
+
+    def summary(self):
+        def peak(field):
+            vals = [m.get(field, 0) for _, _, m in self.samples]
+            return round(max(vals) / 1024, 1) if vals else None
+        return {"peak_vmrss_mb": peak("VmRSS"), "peak_rss_anon_mb": peak("RssAnon"),
+                "peak_rss_file_mb": peak("RssFile"), "peak_rss_shmem_mb": peak("RssShmem"),
+                "peak_private_mb": round(max(((m.get("RssAnon", 0) + m.get("RssFile", 0)) for _, _, m in
+                                              self.samples), default=0) / 1024, 1),
+                "samples": len(self.samples)}
+
+
+# --------------------------------------------------------------------------------------------
+# Relays under test
+# --------------------------------------------------------------------------------------------
+
+class ExternalRelays:
+    """N processes of seed_relay.py or batched_relay.py; each prints its cumulative published
+    count after every commit."""
+
+    def __init__(self, kind, n, dsn, bootstrap):
+        script = BENCH / f"{kind}_relay.py"
+        self.procs = [subprocess.Popen([PYTHON, str(script), dsn, bootstrap], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True) for _ in range(n)]
+        self.counts = [0] * n
+        self.threads = []
+        for i, p in enumerate(self.procs):
+            t = threading.Thread(target=self._read, args=(i, p), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _read(self, i, p):
+        for line in p.stdout:
+            line = line.strip()
+            if line.isdigit():
+                self.counts[i] = int(line)
+
+    def published(self):
+        for p in self.procs:
+            if p.poll() is not None and p.returncode != 0:
+                raise RuntimeError(f"baseline relay exited {p.returncode}: {p.stderr.read()[-2000:]}")
+        return sum(self.counts)
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def wait_drained(published, n, timeout, what):
+    """Polls published() (cheap: shared memory or the relays' own counters) until it reaches n."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if published() >= n:
+            return True
+        time.sleep(0.05)
+    raise TimeoutError(f"{what}: {published()} of {n} published after {timeout} s")
+
+
+def last_published_epoch(db):
+    return float(db.value("SELECT extract(epoch FROM max(published_at)) FROM outbox.events"))
+
+
+# --------------------------------------------------------------------------------------------
+# Machine and versions
+# --------------------------------------------------------------------------------------------
+
+def machine_info():
+    def cmd(args):
+        try:
+            return subprocess.run(args, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception:
+            return None
+    cpu = None
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kb = None
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    import confluent_kafka
+    import psycopg
+    os_release = {}
+    try:
+        for line in open("/etc/os-release"):
+            k, _, v = line.strip().partition("=")
+            os_release[k] = v.strip('"')
+    except OSError:
+        pass
+    git = os.environ.get("OUTBOX_COMMIT") or cmd(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 1048576, 1) if mem_kb else None,
+        "os": os_release.get("PRETTY_NAME"), "kernel": platform.release(),
+        "postgres": cmd(["postgres", "--version"]),
+        "librdkafka": confluent_kafka.libversion()[0],
+        "confluent_kafka_python": confluent_kafka.version()[0],
+        "psycopg": psycopg.__version__, "python": platform.python_version(),
+        "pgbench": cmd(["pgbench", "--version"]),
+        "outbox_commit": git,
+    }
+
+
+def flushbench():
+    """test/mockbroker/flushbench: one 200-message flush at RTT 0, with and without TCP_NODELAY."""
+    d = REPO / "test" / "mockbroker"
+    res = subprocess.run([str(d / "flushbench"), "--mockbroker", str(d / "mockbroker")],
+                         capture_output=True, text=True, timeout=120)
+    out = res.stdout.strip()
+    m = re.search(r"([\d.]+) ms \(nodelay\) vs ([\d.]+) ms", out)
+    return {"output": out, "details": res.stderr.strip(),
+            "nodelay_ms": float(m.group(1)) if m else None, "stock_ms": float(m.group(2)) if m else None}

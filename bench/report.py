@@ -1,0 +1,217 @@
+"""Summary (medians over runs), the issue's targets, and the printed tables."""
+
+from common import median
+
+LABEL = {"outbox": "outbox", "batched": "batched", "seed": "seed-style", "floor": "SQL floor"}
+
+
+def _sum(xs):
+    return sum(x for x in xs if x is not None)
+
+
+def _group(runs, *fields):
+    groups = {}
+    for r in runs:
+        groups.setdefault(tuple(r[f] for f in fields), []).append(r)
+    return groups
+
+
+def _verify_totals(runs):
+    vs = [r.get("verify") for r in runs if r.get("verify")]
+    return {"lost": _sum(v["lost"] for v in vs), "duplicates": _sum(v["duplicates"] for v in vs),
+            "order_violation_keys": _sum(v["order_violation_keys"] for v in vs),
+            "unpublished_rows": _sum(v.get("unpublished_rows", 0) for v in vs),
+            "unexpected": _sum(v.get("unexpected", 0) for v in vs), "verified_runs": len(vs)}
+
+
+def summarize(results):
+    w = results.get("workloads", {})
+    rtt = results["config"]["rtt_ms"]
+    summary = {}
+    for name in ("drain", "hot_keys"):
+        rows = []
+        for (system, workers, rt), runs in sorted(_group(w.get(name, []), "system", "workers", "rtt_ms").items()):
+            row = {"system": system, "workers": workers, "rtt_ms": rt, "runs": len(runs),
+                   "rate_median": median([r["rate"] for r in runs]),
+                   "rates": [r["rate"] for r in runs],
+                   "events": runs[0]["events"], "published": [r["published"] for r in runs]}
+            row.update(_verify_totals(runs))
+            claims = [r["statements"]["claim"]["mean_ms"] for r in runs if r.get("statements")]
+            records = [r["statements"]["record"]["mean_ms"] for r in runs if r.get("statements")]
+            if claims:
+                row["claim_ms_median"] = median(claims)
+                row["record_ms_median"] = median(records)
+            mems = [r["memory"]["peak_vmrss_mb"] for r in runs if r.get("memory")]
+            if mems:
+                row["peak_vmrss_mb"] = max(mems)
+                row["peak_rss_anon_mb"] = max(r["memory"]["peak_rss_anon_mb"] for r in runs if r.get("memory"))
+            rows.append(row)
+        summary[name] = rows
+    lat = []
+    for system, runs in _group(w.get("idle_latency", []), "system").items():
+        row = {"system": system[0], "runs": len(runs)}
+        for f in ("p50_ms", "p90_ms", "p99_ms", "max_ms", "mean_ms"):
+            row[f] = median([r[f] for r in runs])
+        row["max_ms_worst"] = max(r["max_ms"] for r in runs)
+        row.update(_verify_totals(runs))
+        lat.append(row)
+    summary["idle_latency"] = lat
+    summary["burst"] = [{k: v for k, v in r.items() if k != "backlog_timeline"} for r in w.get("burst", [])]
+    eo = w.get("enqueue_overhead") or {}
+    summary["enqueue_overhead"] = eo.get("summary")
+    mem = w.get("memory")
+    if mem:
+        summary["memory"] = {"events": mem["events"], "rate": mem["rate"], **mem.get("memory", {}),
+                             "table_size_mb": mem.get("table_size_mb"), "verify": mem.get("verify")}
+    th = w.get("table_health")
+    if th:
+        summary["table_health"] = {k: v for k, v in th.items() if k != "samples"}
+
+    def drain_rate(system, workers=1, rt=rtt, name="drain"):
+        for row in summary.get(name, []):
+            if row["system"] == system and row["workers"] == workers and (row["rtt_ms"] == rt):
+                return row["rate_median"], row["runs"]
+        return None, 0
+
+    targets = []
+
+    def target(name, goal, measured, met, note=""):
+        targets.append({"target": name, "goal": goal, "measured": measured, "met": met, "note": note})
+
+    ours, n_ours = drain_rate("outbox")
+    seed, _ = drain_rate("seed")
+    batched, _ = drain_rate("batched")
+    floor, _ = drain_rate("floor")
+    if ours and seed:
+        x = ours / seed
+        target("one worker vs seed-style relay (RTT 5 ms)", ">= 150x", f"{x:.1f}x ({ours:.0f} vs {seed:.0f} events/s)",
+               x >= 150)
+    if ours and batched:
+        x = ours / batched
+        target("one worker vs batched relay, one worker (RTT 5 ms)", ">= 2x",
+               f"{x:.2f}x ({ours:.0f} vs {batched:.0f} events/s)", x >= 2)
+    if ours and floor:
+        x = ours / floor
+        target("one worker vs SQL floor", ">= 70%", f"{100 * x:.0f}% ({ours:.0f} vs {floor:.0f} events/s)",
+               x >= 0.7)
+    hot, _ = drain_rate("outbox", name="hot_keys")
+    if ours and hot:
+        x = hot / ours
+        target("hot keys (10 keys) vs many keys (1,000), one worker", ">= 50%",
+               f"{100 * x:.0f}% ({hot:.0f} vs {ours:.0f} events/s)", x >= 0.5)
+    ours_runs = [r for name in ("drain", "hot_keys", "burst", "idle_latency") for r in w.get(name, [])
+                 if r["system"] == "outbox"]
+    if mem:
+        ours_runs.append(mem)
+    if ours_runs:
+        t = _verify_totals(ours_runs)
+        target("outbox relay: lost events (every verified run)", "0", str(t["lost"] + t["unpublished_rows"]),
+               t["lost"] + t["unpublished_rows"] == 0, f"{t['verified_runs']} runs verified; duplicates {t['duplicates']}")
+        target("outbox relay: per-key order violations (every verified run)", "0", str(t["order_violation_keys"]),
+               t["order_violation_keys"] == 0)
+    for row in lat:
+        if row["system"] == "outbox":
+            target(f"idle latency p50 (RTT {rtt} ms)", f"<= {rtt + 3} ms", f"{row['p50_ms']:.1f} ms",
+                   row["p50_ms"] <= rtt + 3, f"median of {row['runs']} runs")
+            target(f"idle latency p99 (RTT {rtt} ms)", f"<= {rtt + 15} ms", f"{row['p99_ms']:.1f} ms",
+                   row["p99_ms"] <= rtt + 15, f"median of {row['runs']} runs; max {row['max_ms_worst']:.1f} ms")
+    for clients, row in (summary.get("enqueue_overhead") or {}).items():
+        target(f"enqueue overhead, {clients} client(s)", "<= 10%", f"{row['overhead_pct']:.1f}%",
+               row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps")
+    if mem and mem.get("memory"):
+        m = mem["memory"]
+        target(f"worker RSS on the {mem['events']:,}-event backlog", "< 64 MB",
+               f"VmRSS {m['peak_vmrss_mb']} MB (private {m['peak_private_mb']} MB, shared buffers "
+               f"{m['peak_rss_shmem_mb']} MB)", m["peak_vmrss_mb"] < 64,
+               "VmRSS counts the shared_buffers pages the worker touched; private = RssAnon + RssFile")
+    if th and th.get("growth_last_vs_middle_pct") is not None:
+        g = th["growth_last_vs_middle_pct"]
+        target("table + index size under steady load with retention", "stops growing",
+               f"peak {th['peak_total_mb_middle_third']} MB (middle third) -> {th['peak_total_mb_last_third']} MB "
+               f"(last third), {g:+.1f}%", g <= 5, "met = last third's peak within 5% of the middle third's")
+    return summary, targets
+
+
+def _fmt(x, nd=0):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def table(headers, rows):
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
+              for i, h in enumerate(headers)]
+    lines = ["  ".join(str(h).ljust(wd) for h, wd in zip(headers, widths)),
+             "  ".join("-" * wd for wd in widths)]
+    for r in rows:
+        lines.append("  ".join(str(c).rjust(wd) if i else str(c).ljust(wd)
+                               for i, (c, wd) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def print_tables(results):
+    s = results.get("summary", {})
+    fb = results.get("flushbench") or {}
+    print()
+    print("== Mock cluster check (test/mockbroker/flushbench)")
+    print(fb.get("output", "-"))
+    for name, title in (("drain", "Backlog drain"), ("hot_keys", "Hot keys")):
+        rows = s.get(name) or []
+        if not rows:
+            continue
+        print()
+        print(f"== {title} (events/s; median of runs)")
+        print(table(["relay", "workers", "RTT ms", "runs", "events/s", "claim ms", "record ms", "lost", "dup",
+                     "order-viol. keys", "peak RSS MB"],
+                    [[LABEL[r["system"]], r["workers"], r["rtt_ms"], r["runs"], _fmt(r["rate_median"]),
+                      _fmt(r.get("claim_ms_median"), 1), _fmt(r.get("record_ms_median"), 1),
+                      r["lost"] + r["unpublished_rows"] if r["verified_runs"] else "-",
+                      r["duplicates"] if r["verified_runs"] else "-",
+                      r["order_violation_keys"] if r["verified_runs"] else "-", _fmt(r.get("peak_vmrss_mb"), 1)]
+                     for r in rows]))
+    if s.get("burst"):
+        print()
+        print("== Renewal burst (one worker)")
+        print(table(["relay", "events", "offered/s", "time to empty s", "worst delay ms", "p99 delay ms",
+                     "peak backlog", "lost", "dup", "order-viol. keys"],
+                    [[LABEL[r["system"]], r["events"], _fmt(r["offered_rate"]), _fmt(r["time_to_empty_s"], 2),
+                      _fmt(r["worst_delay_ms"], 0), _fmt(r["p99_delay_ms"], 0), r["peak_backlog"],
+                      r["verify"]["lost"] + r["verify"]["unpublished_rows"], r["verify"]["duplicates"],
+                      r["verify"]["order_violation_keys"]] for r in s["burst"]]))
+    if s.get("idle_latency"):
+        print()
+        print("== Idle-queue latency, commit -> broker ack (ms; median of runs)")
+        print(table(["relay", "runs", "p50", "p90", "p99", "max", "lost", "dup", "order-viol. keys"],
+                    [[LABEL[r["system"]], r["runs"], _fmt(r["p50_ms"], 1), _fmt(r["p90_ms"], 1),
+                      _fmt(r["p99_ms"], 1), _fmt(r["max_ms_worst"], 1), r["lost"] + r["unpublished_rows"],
+                      r["duplicates"], r["order_violation_keys"]] for r in s["idle_latency"]]))
+    if s.get("enqueue_overhead"):
+        print()
+        print("== Enqueue overhead (pgbench tps, median of runs)")
+        print(table(["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue", "overhead"],
+                    [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%"]
+                     for c, r in s["enqueue_overhead"].items()]))
+    if s.get("memory"):
+        m = s["memory"]
+        print()
+        print(f"== Memory: {m['events']:,}-event backlog drained at {_fmt(m['rate'])} events/s; worker peak VmRSS "
+              f"{m.get('peak_vmrss_mb')} MB = private {m.get('peak_private_mb')} MB + shared buffers "
+              f"{m.get('peak_rss_shmem_mb')} MB")
+    if s.get("table_health"):
+        t = s["table_health"]
+        print(f"== Table health: {t['events']:,} events at {t['rate']}/s, retention {t['retention']}: peak "
+              f"table+index {t['peak_total_mb_middle_third']} MB (middle third) -> "
+              f"{t['peak_total_mb_last_third']} MB (last third)")
+    if results.get("targets"):
+        print()
+        print("== Targets")
+        print(table(["target", "goal", "measured", "met", "note"],
+                    [[t["target"], t["goal"], t["measured"], "yes" if t["met"] else "NO", t["note"]]
+                     for t in results["targets"]]))
+    if results.get("errors"):
+        print()
+        print("== ERRORS")
+        for e in results["errors"]:
+            print(f"{e['workload']}: {e['error']}")
