@@ -276,8 +276,7 @@ int
 RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
                const char *const *errors, long defer_ms) {
 	if (BeginStep("outbox relay: record") != TableState::Ready) {
-		// The table went away under us: nothing to record into.
-		return 0;
+		return -1; // DDL holds the table, or it is gone: the caller requeues later
 	}
 	int n = batch.n;
 	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
@@ -328,7 +327,7 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 int64
 RequeueInFlight(const LaneSet &lanes) {
 	if (BeginStep("outbox relay: requeue in-flight events") != TableState::Ready) {
-		return 0;
+		return -1;
 	}
 	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
 	Execute(requeue_stmt, values, nullptr, SPI_OK_UPDATE);

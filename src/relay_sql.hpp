@@ -46,12 +46,13 @@ struct LaneSet {
 // Returns the claimed batch (possibly empty) in `into`; `table` says why nothing was claimed.
 TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch);
 
-// Records every outcome in one statement. Returns how many events moved to failed; their
-// ids and errors are logged once here.
+// Records every outcome in one statement. Returns how many events moved to failed (their ids
+// and errors are logged once here), or -1 when the table was busy or gone (nothing recorded).
 int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
                    const char *const *errors, long defer_ms);
 
 // After a restart or an error mid-batch: this worker's in-flight rows go back to pending.
+// Returns how many, or -1 when the table was busy or gone (try again later).
 int64 RequeueInFlight(const LaneSet &lanes);
 
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.

@@ -357,7 +357,12 @@ RunBatch(const Batch &batch) {
 
 	SetWorkerState(slot, WorkerState::Recording);
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, BackoffMs(outage_steps + 1));
-	requeue_needed = false;
+	// Not recorded (DDL on the table): the rows stay in_flight until the requeue step can run;
+	// they are sent again then (at-least-once).
+	requeue_needed = failed < 0;
+	if (failed < 0) {
+		failed = 0;
+	}
 
 	uint64 published = 0;
 	const char *first_error = nullptr;
@@ -535,7 +540,7 @@ RelayMain(Datum arg) {
 				ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
 				                     (long long)n)));
 			}
-			requeue_needed = false;
+			requeue_needed = n < 0; // table busy or missing: again next round, before any claim
 		}
 		MaybePurge();
 
