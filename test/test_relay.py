@@ -421,3 +421,19 @@ def test_hot_standby_publishes_nothing_until_promoted(mock_cluster, make_relay, 
         standby.assert_no_crash_in_log()
     finally:
         standby.cleanup()
+
+
+def test_idle_relay_does_not_flood_statistics_or_log(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap, poll_interval="20ms")
+    pg.sql("ALTER SYSTEM SET shared_preload_libraries = 'outbox, pg_stat_statements'")
+    pg.restart()
+    pg.sql("CREATE EXTENSION pg_stat_statements")
+    pg.wait_workers_running(1)
+    log_size = len(pg.log())
+    start = pg.value("SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'")
+    wait_until(lambda: pg.value("SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'") > start + 200,
+               60, "many idle polls")
+    # Each poll reuses the same few prepared statements: a handful of entries, not one per poll.
+    relay_statements = pg.value("SELECT count(*) FROM pg_stat_statements WHERE query LIKE '%outbox.events%'")
+    assert 1 <= relay_statements <= 4
+    assert len(pg.log()) == log_size  # idle polls log nothing
