@@ -425,7 +425,7 @@ def test_hot_standby_publishes_nothing_until_promoted(mock_cluster, make_relay, 
 
 def test_idle_relay_does_not_flood_statistics_or_log(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap, poll_interval="20ms")
-    pg.sql("ALTER SYSTEM SET shared_preload_libraries = 'outbox, pg_stat_statements'")
+    pg.sql("ALTER SYSTEM SET shared_preload_libraries = outbox, pg_stat_statements")
     pg.restart()
     pg.sql("CREATE EXTENSION pg_stat_statements")
     pg.wait_workers_running(1)
