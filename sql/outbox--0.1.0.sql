@@ -248,7 +248,20 @@ CREATE VIEW outbox.workers AS SELECT * FROM outbox.worker_status();
 COMMENT ON VIEW outbox.workers IS
 	'Relay workers: state, counters since start, last error, broker connection state';
 
--- Explicitly nothing for PUBLIC (functions default to EXECUTE for PUBLIC).
+-- The relay publishes from one database only: say so where nothing would be published.
+DO $$
+BEGIN
+	IF current_setting('outbox.workers')::int > 0
+	   AND current_setting('outbox.database') <> current_database() THEN
+		RAISE WARNING 'outbox events in database "%" will not be published', current_database()
+			USING DETAIL = format('The relay publishes from outbox.database = "%s".', current_setting('outbox.database')),
+			      HINT = 'Set outbox.database to this database and restart, or create the extension there.';
+	END IF;
+END
+$$;
+
+-- Explicitly nothing for PUBLIC (functions default to EXECUTE for PUBLIC). Grants that the
+-- installing role's ALTER DEFAULT PRIVILEGES add to specific roles are not undone here.
 REVOKE ALL ON ALL TABLES IN SCHEMA outbox FROM PUBLIC;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA outbox FROM PUBLIC;
 REVOKE ALL ON ALL PROCEDURES IN SCHEMA outbox FROM PUBLIC;

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <algorithm>
 #include <fcntl.h>
+#include <memory>
 #include <new>
 #include <pthread.h>
 #include <set>
@@ -23,6 +25,7 @@ namespace outbox::kafka {
 namespace {
 
 constexpr size_t kMaxBufferedLogLines = 256;
+constexpr int kMaxQueueFullWaits = 50; // x 100 ms
 
 // Properties that hold the relay's guarantees, or that have an outbox setting of their own.
 const char *const kReservedProperties[][2] = {
@@ -37,6 +40,7 @@ const char *const kReservedProperties[][2] = {
     {"max.in.flight.requests.per.connection", "the idempotent producer sets it"},
     {"max.in.flight", "the idempotent producer sets it"},
     {"log.queue", "the relay serves logs on its own thread"},
+    {"partitioner", "the relay places keys like the Java client (murmur2_random)"},
     {"internal.termination.signal", "a signal handler would replace PostgreSQL's"},
 };
 
@@ -186,7 +190,12 @@ Producer::Init(const ProducerConfig &config, std::string *error) {
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
 	auto set = [&](const std::string &name, const std::string &value) {
 		if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
-			*error = "librdkafka property \"" + name + "\": " + errstr;
+			// The value may be a password: it must not reach the log or outbox.workers.
+			std::string reason = errstr;
+			for (size_t at; !value.empty() && (at = reason.find(value)) != std::string::npos;) {
+				reason.replace(at, value.size(), "***");
+			}
+			*error = "librdkafka property \"" + name + "\": " + reason;
 			return false;
 		}
 		return true;
@@ -201,7 +210,9 @@ Producer::Init(const ProducerConfig &config, std::string *error) {
 	          // A topic that does not exist must fail as UNKNOWN_TOPIC (the event's fault) before
 	          // its messages time out (which would look like broker trouble).
 	          set("topic.metadata.propagation.max.ms", std::to_string(config.message_timeout_ms / 2)) &&
-	          set("log.queue", "true") && set("linger.ms", "1") && set("socket.nagle.disable", "true");
+	          set("log.queue", "true") && set("linger.ms", "1") && set("socket.nagle.disable", "true") &&
+	          // Room for the largest event enqueue accepts plus record overhead (user-settable).
+	          set("message.max.bytes", std::to_string(std::max(1000000L, long(config.max_event_bytes) + 65536L)));
 
 	// User properties: name=value;name=value
 	std::string extra = config.extra_properties ? config.extra_properties : "";
@@ -218,7 +229,7 @@ Producer::Init(const ProducerConfig &config, std::string *error) {
 		}
 		size_t eq = item.find('=');
 		if (eq == std::string::npos) {
-			*error = "outbox.kafka_properties: \"" + item + "\" is not name=value";
+			*error = "outbox.kafka_properties: an entry is not name=value (entries are separated by ';')";
 			ok = false;
 			break;
 		}
@@ -270,14 +281,13 @@ Producer::Init(const ProducerConfig &config, std::string *error) {
 Producer *
 CreateProducer(const ProducerConfig &config, char *errbuf, size_t errlen) noexcept {
 	try {
-		Producer *p = new Producer();
+		auto p = std::make_unique<Producer>();
 		std::string error;
 		if (!p->Init(config, &error)) {
 			snprintf(errbuf, errlen, "%s", error.c_str());
-			delete p;
 			return nullptr;
 		}
-		return p;
+		return p.release();
 	} catch (const std::exception &e) {
 		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", e.what());
 		return nullptr;
@@ -328,14 +338,15 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 		rd_kafka_header_add(headers, m.headers[i].name, -1, m.headers[i].value, ssize_t(m.headers[i].value_len));
 	}
 	uintptr_t tag = (uintptr_t(p->generation) << 32) | uintptr_t(uint32_t(index));
-	for (;;) {
+	for (int waits = 0;; waits++) {
 		rd_kafka_resp_err_t err = rd_kafka_producev(
 		    p->rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_KEY(const_cast<void *>(m.key), m.key_len),
 		    RD_KAFKA_V_VALUE(const_cast<void *>(m.value), m.value_len), RD_KAFKA_V_HEADERS(headers),
 		    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(reinterpret_cast<void *>(tag)),
 		    RD_KAFKA_V_END);
-		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL) {
-			// Serve reports to make room; the batch is bounded, so this ends.
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && waits < kMaxQueueFullWaits) {
+			// Serve reports to make room. Bounded: past it the event goes back to pending
+			// (QUEUE_FULL is not the event's fault) and the worker is not held up.
 			rd_kafka_poll(p->rk, 100);
 			continue;
 		}

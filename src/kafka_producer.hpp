@@ -48,6 +48,7 @@ struct ProducerConfig {
 	const char *bootstrap_servers;
 	const char *extra_properties; // "name=value;name=value"
 	int message_timeout_ms;
+	int max_event_bytes; // outbox.max_payload_bytes
 };
 
 class Producer;

@@ -12,14 +12,17 @@ namespace {
 // transaction holds. A row is only taken when no earlier row of its key is unfinished:
 //  - candidates: not behind an in-flight row, a failed row (when failed events block their key)
 //    or a row waiting for its retry time;
-//  - chosen: not behind a pending row that SKIP LOCKED passed over (someone else held it);
-//    and within the byte budget (the first row always fits), so memory stays bounded.
+//  - chosen: not behind a pending row that SKIP LOCKED passed over (someone else held it), not
+//    behind an earlier row of its key for another topic in this batch, and within the byte
+//    budget (the first row always fits), so memory stays bounded.
+// Operators are spelled with exact argument types: the worker's search_path is pinned to
+// pg_catalog anyway (worker.cpp), this keeps the statements unambiguous besides.
 // The rows are marked in_flight and the transaction commits before anything is sent.
 const char *const kClaimSql = R"SQL(
 WITH candidates AS (
-	SELECT e.id, e.key, coalesce(octet_length(e.payload), 0)::bigint AS size
+	SELECT e.id, e.key, e.topic, coalesce(octet_length(e.payload), 0)::bigint AS size
 	FROM outbox.events e
-	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND e.lane % $1 = $2
+	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND e.lane::integer % $1 = $2
 	  AND (e.key IS NULL OR NOT EXISTS (
 	        SELECT 1 FROM outbox.events b
 	        WHERE b.key = e.key AND b.id < e.id AND b.status <> 'published'
@@ -29,7 +32,7 @@ WITH candidates AS (
 	LIMIT $3
 	FOR UPDATE OF e SKIP LOCKED
 ), sized AS (
-	SELECT c.id, c.key, sum(c.size) OVER (ORDER BY c.id) - c.size AS bytes_before
+	SELECT c.id, c.key, c.topic, sum(c.size) OVER (ORDER BY c.id) - c.size AS bytes_before
 	FROM candidates c
 ), chosen AS (
 	SELECT s.id FROM sized s
@@ -38,6 +41,11 @@ WITH candidates AS (
 	        SELECT 1 FROM outbox.events b
 	        WHERE b.key = s.key AND b.id < s.id AND b.status = 'pending'
 	          AND b.id NOT IN (SELECT c.id FROM candidates c)))
+	  -- One topic per key per batch: a key's events on two topics go to two partitions, where
+	  -- nothing would stop the later one being appended while the earlier one fails.
+	  AND (s.key IS NULL OR NOT EXISTS (
+	        SELECT 1 FROM candidates c
+	        WHERE c.key = s.key AND c.id < s.id AND c.topic <> s.topic))
 ), claimed AS (
 	UPDATE outbox.events e SET status = 'in_flight', claimed_at = now()
 	FROM chosen WHERE e.id = chosen.id
@@ -67,9 +75,9 @@ WITH o AS (
 		attempts = e.attempts + CASE WHEN o.outcome = 'r' THEN 1 ELSE 0 END,
 		last_error = coalesce(o.error, e.last_error),
 		next_attempt_at = CASE o.outcome
-		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2, e.attempts))
-		                                               * (0.5 + random() / 2) / 1000.0)
-		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0)
+		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, e.attempts::float8))
+		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
+		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0::float8)
 		    ELSE e.next_attempt_at END
 	FROM o
 	WHERE e.id = o.id AND e.status = 'in_flight'
@@ -79,13 +87,13 @@ SELECT event_id::text, topic, key, attempts, last_error FROM updated WHERE statu
 )SQL";
 
 const char *const kRequeueSql =
-    "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane % $1 = $2";
+    "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane::integer % $1 = $2";
 
 const char *const kNextRetrySql =
-    "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000)::bigint FROM outbox.events "
-    "WHERE status = 'pending' AND next_attempt_at > now() AND lane % $1 = $2";
+    "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000::numeric)::bigint FROM outbox.events "
+    "WHERE status = 'pending' AND next_attempt_at > now() AND lane::integer % $1 = $2";
 
-const char *const kPurgeSql = "SELECT outbox.purge(make_interval(secs => $1), $2)";
+const char *const kPurgeSql = "SELECT outbox.purge(make_interval(secs => $1::float8), $2)";
 
 struct Statement {
 	const char *sql;
@@ -117,10 +125,15 @@ PlanOf(Statement &stmt) {
 	return stmt.plan;
 }
 
+// The caller's memory context: committing a transaction leaves CurrentMemoryContext at
+// TopMemoryContext, where the worker's allocations would never be freed.
+MemoryContext step_caller_context = nullptr;
+
 // Opens a transaction for one relay step and checks that the outbox table is there and free.
 // On Ready, SPI is connected and the caller must call EndStep().
 TableState
 BeginStep(const char *activity) {
+	step_caller_context = CurrentMemoryContext;
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
@@ -140,6 +153,7 @@ BeginStep(const char *activity) {
 	if (state != TableState::Ready) {
 		PopActiveSnapshot();
 		CommitTransactionCommand();
+		MemoryContextSwitchTo(step_caller_context);
 		debug_query_string = nullptr;
 		pgstat_report_activity(STATE_IDLE, nullptr);
 		return state;
@@ -155,6 +169,7 @@ EndStep() {
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	MemoryContextSwitchTo(step_caller_context);
 	debug_query_string = nullptr;
 	// Background workers flush their table statistics themselves, or autovacuum and
 	// autoanalyze would never see the relay's updates and deletes.
@@ -324,16 +339,18 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 	return failed;
 }
 
-int64
-RequeueInFlight(const LaneSet &lanes) {
-	if (BeginStep("outbox relay: requeue in-flight events") != TableState::Ready) {
-		return -1;
+TableState
+RequeueInFlight(const LaneSet &lanes, int64 *requeued) {
+	*requeued = 0;
+	TableState state = BeginStep("outbox relay: requeue in-flight events");
+	if (state != TableState::Ready) {
+		return state;
 	}
 	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
 	Execute(requeue_stmt, values, nullptr, SPI_OK_UPDATE);
-	int64 n = int64(SPI_processed);
+	*requeued = int64(SPI_processed);
 	EndStep();
-	return n;
+	return TableState::Ready;
 }
 
 int64

@@ -52,8 +52,8 @@ int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Del
                    const char *const *errors, long defer_ms);
 
 // After a restart or an error mid-batch: this worker's in-flight rows go back to pending.
-// Returns how many, or -1 when the table was busy or gone (try again later).
-int64 RequeueInFlight(const LaneSet &lanes);
+// Returns Ready with the count in *requeued, or why it could not run (try again later).
+TableState RequeueInFlight(const LaneSet &lanes, int64 *requeued);
 
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
 int64 MillisUntilNextRetry(const LaneSet &lanes);

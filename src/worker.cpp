@@ -142,7 +142,8 @@ EnsureProducer() {
 		return true;
 	}
 	char error[512];
-	kafka::ProducerConfig config{settings.bootstrap_servers, settings.kafka_properties, settings.publish_timeout_ms};
+	kafka::ProducerConfig config{settings.bootstrap_servers, settings.kafka_properties, settings.publish_timeout_ms,
+	                             settings.max_payload_bytes};
 	producer = kafka::CreateProducer(config, error, sizeof(error));
 	strlcpy(producer_bootstrap, settings.bootstrap_servers, sizeof(producer_bootstrap));
 	strlcpy(producer_properties, settings.kafka_properties, sizeof(producer_properties));
@@ -356,7 +357,10 @@ RunBatch(const Batch &batch) {
 	MaybeCrashAfterAck(batch, outcomes);
 
 	SetWorkerState(slot, WorkerState::Recording);
-	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, BackoffMs(outage_steps + 1));
+	// Events of a partition that timed out while others were acked wait a few publish timeouts,
+	// so that batches of healthy keys do not keep waiting for them.
+	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
+	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms);
 	// Not recorded (DDL on the table): the rows stay in_flight until the requeue step can run;
 	// they are sent again then (at-least-once).
 	requeue_needed = failed < 0;
@@ -492,6 +496,13 @@ Attach(int index) {
 	SpinLockAcquire(&slot->mutex);
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
+
+	// The relay runs as the bootstrap superuser: nothing a database user creates may be found
+	// by name in its statements.
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
+	// Claim skips locked rows; record waits for none for long (a user holding outbox rows'
+	// locks gets an ERROR in the log and the rows are requeued, not a silent stall).
+	SetConfigOption("lock_timeout", "10s", PGC_SUSET, PGC_S_OVERRIDE);
 }
 
 void
@@ -522,6 +533,8 @@ RelayMain(Datum arg) {
 		if (ConfigReloadPending) {
 			ReloadSettings();
 		}
+		// Everything an iteration allocates lives in batch_context and goes here.
+		MemoryContextSwitchTo(batch_context);
 		MemoryContextReset(batch_context);
 		ForwardProducerLog();
 		if (!EnsureProducer()) {
@@ -534,19 +547,23 @@ RelayMain(Datum arg) {
 			WaitFor(TimestampDifferenceMilliseconds(now, backoff_until));
 			continue;
 		}
+		// Before any claim, rows this worker's lanes left in flight go back to pending.
+		TableState table = TableState::Ready;
 		if (requeue_needed) {
-			int64 n = RequeueInFlight(MyLanes());
+			int64 n = 0;
+			table = RequeueInFlight(MyLanes(), &n);
 			if (n > 0) {
 				ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
 				                     (long long)n)));
 			}
-			requeue_needed = n < 0; // table busy or missing: again next round, before any claim
+			requeue_needed = table != TableState::Ready;
 		}
-		MaybePurge();
-
-		SetWorkerState(slot, WorkerState::Claiming);
-		Batch batch;
-		TableState table = ClaimBatch(MyLanes(), batch_context, &batch);
+		Batch batch{0, nullptr};
+		if (table == TableState::Ready) {
+			MaybePurge();
+			SetWorkerState(slot, WorkerState::Claiming);
+			table = ClaimBatch(MyLanes(), batch_context, &batch);
+		}
 		if (table != TableState::Ready) {
 			if (table == TableState::Missing && last_table_state != TableState::Missing) {
 				ereport(LOG, (errmsg("outbox relay %d: extension \"outbox\" is not installed in database \"%s\"; "

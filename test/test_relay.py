@@ -313,12 +313,22 @@ def test_unknown_kafka_property_is_reported_without_crash_loop(mock_cluster, mak
 
 @pytest.mark.parametrize("properties,message", [
     ("enable.idempotence=false", "the relay needs the idempotent producer"),
+    ("partitioner=random", "places keys like the Java client"),
     ("acks", "is not name=value"),
 ])
 def test_kafka_properties_that_break_guarantees_are_refused(mock_cluster, make_relay, properties, message):
     pg = make_relay(mock_cluster.bootstrap, kafka_properties=properties)
     wait_until(lambda: pg.workers()[0][2] == "misconfigured", 30, "misconfigured state")
     assert message in pg.workers()[0][5]
+
+
+def test_bad_property_value_is_not_echoed(mock_cluster, make_relay):
+    # A value may be a secret: the error names the property, never the value.
+    pg = make_relay(mock_cluster.bootstrap, kafka_properties="compression.codec=hunter2-secret")
+    wait_until(lambda: pg.workers()[0][2] == "misconfigured", 30, "misconfigured state")
+    error = pg.workers()[0][5]
+    assert "compression.codec" in error and "***" in error
+    assert "hunter2-secret" not in error and "hunter2-secret" not in pg.log()
 
 
 def test_unreachable_bootstrap_shows_broker_down_and_keeps_events(make_relay):
@@ -338,8 +348,7 @@ def test_unreachable_bootstrap_shows_broker_down_and_keeps_events(make_relay):
 def test_missing_database_is_reported_and_retried_slowly(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap, database="no_such_db", create_extension=False)
     pg.database = "postgres"
-    wait_until(lambda: pg.sql("SELECT state, last_error FROM outbox.worker_status()") if False else
-               "does not exist" in pg.log(), 30, "connection failure logged")
+    wait_until(lambda: "does not exist" in pg.log(), 30, "connection failure logged")
     # outbox.worker_status() is read from any database (the extension is created in postgres).
     pg.sql("CREATE EXTENSION outbox")
     wait_until(lambda: pg.workers()[0][2] == "misconfigured", 30, "misconfigured state")
@@ -365,6 +374,40 @@ def test_idle_without_extension_logs_once_and_starts_after_create(mock_cluster, 
 
 
 # --- good citizenship ------------------------------------------------------------------------
+
+def test_relay_sql_ignores_objects_planted_by_database_users(mock_cluster, make_relay):
+    # The relay runs as a superuser. A user who can create objects must not get code run by it
+    # through name resolution (search_path, operators without an exact match).
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.sql("CREATE ROLE mallory LOGIN")
+    pg.sql("GRANT CREATE ON SCHEMA public TO mallory")
+    pg.sql("CREATE TABLE public.stolen (who text)")
+    pg.sql("GRANT INSERT ON public.stolen TO mallory")
+    with pg.connect() as c:
+        c.execute("SET ROLE mallory")
+        c.execute("""CREATE FUNCTION public.evil_mod(smallint, integer) RETURNS integer LANGUAGE sql AS
+                     $$ INSERT INTO public.stolen VALUES (current_user) RETURNING 0 $$""")
+        c.execute("CREATE OPERATOR public.% (LEFTARG = smallint, RIGHTARG = integer, FUNCTION = public.evil_mod)")
+        c.execute("""CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql AS
+                     $$ INSERT INTO public.stolen VALUES (current_user) RETURNING pg_catalog.now() $$""")
+    pg.sql("ALTER DATABASE postgres SET search_path = public, pg_catalog")
+    pg.kill_worker(0, signal.SIGTERM)  # a new session of the relay picks up the database default
+    wait_until(lambda: "outbox relay 0 stopping" in pg.log(), 30, "worker restarting")
+    pg.wait_workers_running(1)
+    enqueue(pg, "billing", rows_for(20, 5))
+    pg.wait_published(20)
+    assert pg.value("SELECT count(*) FROM public.stolen") == 0
+
+
+def test_create_extension_in_another_database_warns(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.sql("CREATE DATABASE other")
+    with pg.connect("other") as c:
+        notices = []
+        c.add_notice_handler(lambda d: notices.append(d.message_primary))
+        c.execute("CREATE EXTENSION outbox")
+    assert any('outbox events in database "other" will not be published' in n for n in notices)
+
 
 def test_visible_in_pg_stat_activity_and_reports_table_stats(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap, workers=2)
