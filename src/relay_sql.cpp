@@ -10,14 +10,18 @@ namespace {
 
 // Claim: due pending rows of this worker's lanes, in enqueue order, skipping rows another
 // transaction holds. A row is only taken when no earlier row of its key is unfinished:
-//  - candidates: not behind an in-flight row, a failed row (when failed events block their key)
-//    or a row waiting for its retry time;
-//  - chosen: not behind a pending row that SKIP LOCKED passed over (someone else held it), not
-//    behind an earlier row of its key for another topic in this batch, and within the byte
-//    budget (the first row always fits), so memory stays bounded.
+//  - candidates: not behind a row that blocks its key: in flight, failed (when failed events
+//    block their key), or waiting for its retry time. Those rows, and only those, are in the
+//    small partial index events_blocking_key_idx, so the usual probe finds nothing and reads no
+//    heap;
+//  - skipped_keys: keys with an earlier pending row that SKIP LOCKED passed over (someone else
+//    held its lock) are left out of this batch altogether;
+//  - topic_cut: a key's run stops at its first change of topic (two partitions: nothing would
+//    keep the later one from being appended while the earlier one fails);
+//  - the byte budget (the first row always fits), so memory stays bounded.
+// Per-key checks are one probe per key, not per row, so a hot key costs no more than many keys.
 // Operators are spelled with exact argument types: the worker's search_path is pinned to
 // pg_catalog anyway (worker.cpp), this keeps the statements unambiguous besides.
-// The rows are marked in_flight and the transaction commits before anything is sent.
 const char *const kClaimSql = R"SQL(
 WITH candidates AS (
 	SELECT e.id, e.key, e.topic, coalesce(octet_length(e.payload), 0)::bigint AS size
@@ -25,35 +29,42 @@ WITH candidates AS (
 	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND e.lane::integer % $1 = $2
 	  AND (e.key IS NULL OR NOT EXISTS (
 	        SELECT 1 FROM outbox.events b
-	        WHERE b.key = e.key AND b.id < e.id AND b.status <> 'published'
+	        WHERE b.key = e.key AND b.id < e.id
 	          AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)
-	               OR (b.status = 'pending' AND b.next_attempt_at > now()))))
+	               OR (b.status = 'pending' AND b.next_attempt_at > b.created_at
+	                   AND b.next_attempt_at > now()))))
 	ORDER BY e.id
 	LIMIT $3
 	FOR UPDATE OF e SKIP LOCKED
+), keys AS (
+	SELECT c.key, max(c.id) AS last_id FROM candidates c WHERE c.key IS NOT NULL GROUP BY c.key
+), skipped_keys AS (
+	SELECT k.key FROM keys k
+	WHERE EXISTS (SELECT 1 FROM outbox.events b
+	              WHERE b.key = k.key AND b.id < k.last_id AND b.status = 'pending'
+	                AND b.id NOT IN (SELECT c.id FROM candidates c))
+), first_topic AS (
+	SELECT DISTINCT ON (c.key) c.key, c.topic FROM candidates c WHERE c.key IS NOT NULL ORDER BY c.key, c.id
+), topic_cut AS (
+	SELECT c.key, min(c.id) AS cut_id FROM candidates c JOIN first_topic f ON f.key = c.key
+	WHERE c.topic <> f.topic GROUP BY c.key
 ), sized AS (
-	SELECT c.id, c.key, c.topic, sum(c.size) OVER (ORDER BY c.id) - c.size AS bytes_before
-	FROM candidates c
+	SELECT c.id, c.key, sum(c.size) OVER (ORDER BY c.id) - c.size AS bytes_before
+	FROM candidates c LEFT JOIN topic_cut t ON t.key = c.key
+	WHERE c.id < coalesce(t.cut_id, 9223372036854775807::bigint)
+	  AND (c.key IS NULL OR c.key NOT IN (SELECT k.key FROM skipped_keys k))
 ), chosen AS (
-	SELECT s.id FROM sized s
-	WHERE s.bytes_before < $5
-	  AND (s.key IS NULL OR NOT EXISTS (
-	        SELECT 1 FROM outbox.events b
-	        WHERE b.key = s.key AND b.id < s.id AND b.status = 'pending'
-	          AND b.id NOT IN (SELECT c.id FROM candidates c)))
-	  -- One topic per key per batch: a key's events on two topics go to two partitions, where
-	  -- nothing would stop the later one being appended while the earlier one fails.
-	  AND (s.key IS NULL OR NOT EXISTS (
-	        SELECT 1 FROM candidates c
-	        WHERE c.key = s.key AND c.id < s.id AND c.topic <> s.topic))
+	SELECT s.id FROM sized s WHERE s.bytes_before < $5
 ), claimed AS (
 	UPDATE outbox.events e SET status = 'in_flight', claimed_at = now()
 	FROM chosen WHERE e.id = chosen.id
 	RETURNING e.id, e.event_id, e.topic, e.key, e.payload, e.headers
 )
 SELECT c.id, c.event_id::text, c.topic, c.key, c.payload,
-       ARRAY(SELECT h.key FROM jsonb_each_text(c.headers) h ORDER BY h.key),
-       ARRAY(SELECT h.value FROM jsonb_each_text(c.headers) h ORDER BY h.key)
+       CASE WHEN c.headers IS NOT NULL
+            THEN ARRAY(SELECT h.key FROM jsonb_each_text(c.headers) h ORDER BY h.key) END,
+       CASE WHEN c.headers IS NOT NULL
+            THEN ARRAY(SELECT h.value FROM jsonb_each_text(c.headers) h ORDER BY h.key) END
 FROM claimed c
 ORDER BY c.id
 )SQL";
