@@ -1,6 +1,7 @@
 // Module entry: PG_MODULE_MAGIC and _PG_init. _PG_init runs in the postmaster, so it only
 // registers things (settings, shared memory, relay workers): no librdkafka, no threads.
 #include "boundary.hpp"
+#include "drop_database.hpp"
 #include "guc.hpp"
 #include "shmem.hpp"
 #include "worker.hpp"
@@ -24,6 +25,7 @@ Init() {
 	outbox::DefineSettings();
 	outbox::RequestSharedMemory();
 	outbox::RegisterRelayWorkers();
+	outbox::InstallDropDatabaseHook();
 }
 
 } // namespace

@@ -435,6 +435,17 @@ def test_drop_database_and_drop_extension_are_not_blocked(mock_cluster, make_rel
     pg.wait_published(1)
 
 
+def test_drop_of_the_relay_database_is_not_blocked(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap, database="relaydb", workers=2)
+    pg.wait_workers_running(2)
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'x')")
+    pg.wait_published(1)
+    pg.database = "postgres"
+    pg.sql("DROP DATABASE relaydb")  # no WITH (FORCE)
+    assert pg.value("SELECT count(*) FROM pg_database WHERE datname = 'relaydb'") == 0
+    assert "stopping the relay workers for DROP DATABASE" in pg.log()
+
+
 def test_hot_standby_publishes_nothing_until_promoted(mock_cluster, make_relay, tmp_path):
     import subprocess
 

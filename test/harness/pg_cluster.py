@@ -67,10 +67,14 @@ class PgCluster:
         return self
 
     def setup_database(self):
-        # The relay's database exists from initdb on (postgres), so workers connect at once.
-        if self.database != "postgres":
+        # The relay's database: postgres exists from initdb on. Another one (only created when
+        # the extension is wanted, so tests can name a missing database) needs a restart.
+        if self.database != "postgres" and self.create_extension:
             with self.connect("postgres") as c:
                 c.execute(f'CREATE DATABASE "{self.database}"')
+            # Workers that found no database wait a minute before trying again; a restart (fresh
+            # shared memory) lets them connect now.
+            self.restart()
         if self.create_extension:
             with self.connect() as c:
                 c.execute("CREATE EXTENSION outbox")

@@ -1,0 +1,94 @@
+// DROP DATABASE of the relay's own database: the relay workers are connected to it, and a
+// plain DROP DATABASE refuses while other sessions are. A utility hook stops them first; the
+// postmaster starts them again after bgw_restart_time, when the database is gone, and they wait
+// for it (worker.cpp, missing database).
+#include "drop_database.hpp"
+
+#include "boundary.hpp"
+#include "guc.hpp"
+#include "shmem.hpp"
+
+extern "C" {
+#include "tcop/utility.h"
+}
+
+namespace outbox {
+
+namespace {
+
+constexpr long kStopWaitMs = 10000;
+
+#if PG_VERSION_NUM >= 140000 // PostgreSQL 13's hook lacks read_only_tree: not installed there
+ProcessUtility_hook_type previous_utility_hook = nullptr;
+
+// Signals every relay worker to stop and waits, bounded, until their slots are free.
+void
+StopRelayWorkers() {
+	for (int i = 0; i < settings.workers; i++) {
+		WorkerSlot *slot = SlotOf(i);
+		SpinLockAcquire(&slot->mutex);
+		int pid = slot->pid;
+		SpinLockRelease(&slot->mutex);
+		if (pid != 0) {
+			kill(pid, SIGTERM);
+		}
+	}
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kStopWaitMs);
+	for (;;) {
+		bool running = false;
+		for (int i = 0; i < settings.workers; i++) {
+			WorkerSlot *slot = SlotOf(i);
+			SpinLockAcquire(&slot->mutex);
+			running |= slot->pid != 0;
+			SpinLockRelease(&slot->mutex);
+		}
+		if (!running || GetCurrentTimestamp() >= deadline) {
+			return;
+		}
+		(void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 50, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+void
+OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
+          ParamListInfo params, QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *qc) {
+	Node *stmt = pstmt->utilityStmt;
+	if (IsA(stmt, DropdbStmt) && shared != nullptr &&
+	    strcmp(reinterpret_cast<DropdbStmt *>(stmt)->dbname, settings.database) == 0) {
+		ereport(LOG, (errmsg("outbox: stopping the relay workers for DROP DATABASE \"%s\"", settings.database)));
+		StopRelayWorkers();
+	}
+	if (previous_utility_hook) {
+		previous_utility_hook(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
+	} else {
+		standard_ProcessUtility(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
+	}
+}
+
+#endif
+
+} // namespace
+
+#if PG_VERSION_NUM >= 140000
+extern "C" {
+static void
+outbox_process_utility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
+                       ParamListInfo params, QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *qc) {
+	CallFromPostgres("outbox_process_utility", OnUtility, pstmt, query, read_only_tree, context, params, query_env,
+	                 dest, qc);
+}
+}
+
+#endif
+
+void
+InstallDropDatabaseHook() {
+#if PG_VERSION_NUM >= 140000
+	previous_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = outbox_process_utility;
+#endif
+}
+
+} // namespace outbox
