@@ -53,11 +53,11 @@ COMMENT ON TABLE outbox.events IS
 -- the live backlog, not the history.
 CREATE INDEX events_pending_idx ON outbox.events (id) WHERE status = 'pending';
 -- Per-key gating, probed for every claimed row: "does an earlier event of this key block it?"
--- Only blocking rows are in it (in flight, failed, waiting for a retry: a pending row whose
--- next_attempt_at was moved past its created_at), so it stays tiny and the usual probe is empty.
+-- Only blocking rows are in it (failed, or waiting for a retry: a pending row whose
+-- next_attempt_at was moved past its created_at), so it stays tiny, the usual probe is empty,
+-- and the claim/publish churn of healthy events never touches it.
 CREATE INDEX events_blocking_key_idx ON outbox.events (key, id)
-	WHERE status = 'in_flight' OR status = 'failed'
-	   OR (status = 'pending' AND next_attempt_at > created_at);
+	WHERE status = 'failed' OR (status = 'pending' AND next_attempt_at > created_at);
 -- "Did SKIP LOCKED pass over an earlier pending row of this key?" (one probe per key and claim).
 CREATE INDEX events_pending_key_idx ON outbox.events (key, id) WHERE status = 'pending';
 -- Retention: the oldest published rows first.

@@ -10,10 +10,12 @@ namespace {
 
 // Claim: due pending rows of this worker's lanes, in enqueue order, skipping rows another
 // transaction holds. A row is only taken when no earlier row of its key is unfinished:
-//  - candidates: not behind a row that blocks its key: in flight, failed (when failed events
-//    block their key), or waiting for its retry time. Those rows, and only those, are in the
-//    small partial index events_blocking_key_idx, so the usual probe finds nothing and reads no
-//    heap;
+//  - candidates: not behind a row that blocks its key: failed (when failed events block their
+//    key), or waiting for its retry time. Those rows, and only those, are in the small partial
+//    index events_blocking_key_idx, so the usual probe finds nothing and reads no heap. In-flight
+//    rows need no probe: a key's rows are only ever in flight with the one worker that owns its
+//    lane, which claims nothing while it has a batch out and requeues any left over (after a
+//    crash or an error) before its next claim (worker.cpp);
 //  - skipped_keys: keys with an earlier pending row that SKIP LOCKED passed over (someone else
 //    held its lock) are left out of this batch altogether;
 //  - topic_cut: a key's run stops at its first change of topic (two partitions: nothing would
@@ -30,7 +32,7 @@ WITH candidates AS (
 	  AND (e.key IS NULL OR NOT EXISTS (
 	        SELECT 1 FROM outbox.events b
 	        WHERE b.key = e.key AND b.id < e.id
-	          AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)
+	          AND ((b.status = 'failed' AND $4)
 	               OR (b.status = 'pending' AND b.next_attempt_at > b.created_at
 	                   AND b.next_attempt_at > now()))))
 	ORDER BY e.id
