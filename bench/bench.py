@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import psycopg  # noqa: E402
+
 import common  # noqa: E402
 from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_epoch, load, log,  # noqa: E402
                     make_dataset, median, percentile, verify, wait_drained)
@@ -33,9 +35,11 @@ FULL = {
     "drain_events": 100_000, "many_keys": 1000, "hot_keys": 10,
     "drain_workers": [1, 2, 4], "drain_rtts_ms": [0, 5],
     "baseline_window_s": 12,         # the seed-style relay runs this long on the full backlog
+    "hot_window_s": 20,              # the outbox relay and SQL floor on the hot-key backlog
+    "memory_window_s": 90,           # RSS sampled over this much of the 1M-event drain
     "burst_events": 20_000, "burst_seconds": 60,
     "latency_seconds": 60, "latency_interval_ms": 20, "latency_baseline_seconds": 30,
-    "pgbench_seconds": 10, "pgbench_clients": [1, 4],
+    "pgbench_seconds": 8, "pgbench_clients": [1, 4],
     "memory_events": 1_000_000,
     "health_seconds": 240, "health_rate": 500, "health_retention": "10s",
     "rtt_ms": 5,
@@ -43,7 +47,7 @@ FULL = {
 QUICK = {
     "drain_events": 3000, "many_keys": 100, "hot_keys": 10,
     "drain_workers": [1, 2], "drain_rtts_ms": [0, 5],
-    "baseline_window_s": 2,
+    "baseline_window_s": 2, "hot_window_s": 3, "memory_window_s": 4,
     "burst_events": 600, "burst_seconds": 3,
     "latency_seconds": 3, "latency_interval_ms": 20, "latency_baseline_seconds": 2,
     "pgbench_seconds": 2, "pgbench_clients": [1],
@@ -85,51 +89,81 @@ class Bench:
         self.seed_index = on
 
     def prepare(self, system, workers, rtt, **outbox):
+        """Relay `system` ready on an empty outbox.events at RTT `rtt`: the outbox relay with
+        `workers` workers, or the relay off for the baselines and the SQL floor."""
         self.mock.set_rtt(rtt)
-        if system == "outbox":
+        # The SQL floor runs with JIT off: it stands for the statements' own cost. (Run from
+        # PL/pgSQL, its custom plans can cross jit_above_cost where the relay's do not, and it
+        # would then measure LLVM compile time instead; RESULTS.md.)
+        settings = {"jit": "off" if system.endswith("_jit_off") or system == "floor" else "on"}
+        self.db.reset_outbox()  # a restarted relay must find nothing left from the last run
+        if system.startswith("outbox"):
             self.seed_index_on(False)
-            self.db.configure(workers, self.mock.bootstrap, **outbox)
+            self.db.configure(workers, self.mock.bootstrap, settings, **outbox)
         else:
-            self.db.configure(0, self.mock.bootstrap)
+            self.db.configure(0, self.mock.bootstrap, settings)
             self.seed_index_on(system in ("seed", "batched"))
         self.db.reset_outbox()
 
     # -- one drain --------------------------------------------------------------------------
-    def drain(self, system, workers, rtt, dataset, n, label, rss=False):
-        """Loads n events of `dataset` as one committed backlog and lets `system` drain it.
-        The seed-style relay runs for baseline_window_s on the full backlog instead (it would need
-        10+ minutes for 100,000 events); its rate is over what it published in that window."""
+    def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False):
+        """Loads n events of `dataset` as one committed backlog (the relay is running and idle)
+        and lets `system` drain it, all of it, or for `window` seconds only when a full drain
+        does not fit the time budget (the rate is then over what was published in the window,
+        and the verification covers the published rows). Rate = published / (last published_at
+        - commit of the load). tail: read the topic while the relay runs (more data than the mock
+        cluster keeps per partition; costs the relay some CPU)."""
         db = self.db
         self.prepare(system, workers, rtt)
         topic = self.mock.new_topic(label)
-        res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n}
-        window = self.sizes["baseline_window_s"] if system == "seed" else None
-        timeout = max(120, n / 300)
-        if system == "outbox":
+        res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
+               "window_s": window, "tailing_reader": tail}
+        reader = common.TopicReader(self.mock.bootstrap, topic) if tail else None
+        if reader:
+            reader.start()
+        timeout = max(300, n / 200)
+        if system.startswith("outbox"):
             base = db.published_by_workers()
             sampler = RssSampler(db.worker_pids()) if rss else None
             if sampler:
                 sampler.start()
             t0 = load(db, dataset, n, topic)
-            wait_drained(lambda: db.published_by_workers() - base, n, timeout, label)
+            if window:
+                time.sleep(max(0.0, t0 + window - time.time()))
+                if sampler:
+                    res["memory"] = sampler.stop()
+                db.configure(0)  # fast shutdown: each worker finishes and records its batch
+            else:
+                wait_drained(lambda: db.published_by_workers() - base, n, timeout, label)
+                if sampler:
+                    res["memory"] = sampler.stop()
             if sampler:
-                res["memory"] = sampler.stop()
                 res["memory_timeline"] = [(t, m.get("VmRSS"), m.get("RssAnon"), m.get("RssShmem"))
                                           for t, _, m in sampler.samples]
             res["statements"] = db.relay_statement_times()
-        elif system == "floor":
+        elif system.startswith("floor"):
+            # The relay's own batch settings (outbox.batch_size, outbox.batch_max_bytes).
+            batch_size, max_bytes = (int(x) for x in db.sql(
+                "SELECT (SELECT setting FROM pg_settings WHERE name = 'outbox.batch_size'), "
+                "(SELECT setting FROM pg_settings WHERE name = 'outbox.batch_max_bytes')")[0])
             t0 = load(db, dataset, n, topic)
             errors = []
 
             def one(i):
                 try:
                     with db.connect() as c:
-                        c.execute("CALL bench.sql_floor(%s, %s, %s, %s)", (workers, i, 1000, 16 * 1024 * 1024))
+                        c.execute("SET application_name = 'bench sql floor'")
+                        c.execute("CALL bench.sql_floor(%s, %s, %s, %s)", (workers, i, batch_size, max_bytes))
+                except psycopg.errors.QueryCanceled:
+                    pass  # end of the window; claim and record commit separately, nothing half-done
                 except Exception as e:  # reported below
                     errors.append(repr(e))
             threads = [threading.Thread(target=one, args=(i,)) for i in range(workers)]
             for t in threads:
                 t.start()
+            if window:
+                time.sleep(max(0.0, t0 + window - time.time()))
+                db.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench sql floor'")
             for t in threads:
                 t.join()
             if errors:
@@ -141,48 +175,51 @@ class Bench:
                 time.sleep(1.0)  # connected and idle-polling, as in production
                 t0 = load(db, dataset, n, topic)
                 if window:
-                    time.sleep(window)
+                    time.sleep(max(0.0, t0 + window - time.time()))
                 else:
                     wait_drained(relays.published, n, timeout, label)
             finally:
-                relays.stop()
+                relays.stop()  # each finishes its tick (transaction) first
         published = db.value("SELECT count(*) FROM outbox.events WHERE status = 'published'")
         t_end = last_published_epoch(db)
         res["published"] = published
         res["seconds"] = round(t_end - t0, 3)
         res["rate"] = round(published / (t_end - t0), 1)
-        if system == "floor":
+        if system.startswith("floor"):
             res["verify"] = None  # nothing is sent
-            res["unpublished_rows"] = n - published
         else:
-            res["verify"] = verify(db, self.mock, topic, only_published=bool(window))
+            res["verify"] = verify(db, self.mock, topic, only_published=bool(window), reader=reader)
         v = res["verify"] or {}
-        log(f"  {label}: {res['rate']:.0f} events/s ({published} in {res['seconds']:.1f} s)"
-            + (f"; lost {v['lost']}, dup {v['duplicates']}, order-violating keys {v['order_violation_keys']}"
-               if v else "")
+        log(f"  {label}: {res['rate']:.0f} events/s ({published} in {res['seconds']:.1f} s"
+            + (f", window {window} s" if window else "") + ")"
+            + (f"; lost {v['lost'] + v['unpublished_rows']}, dup {v['duplicates']}, "
+               f"order-violating keys {v['order_violation_keys']}" if v else "")
             + (f"; claim {res['statements']['claim']['mean_ms']} ms, record {res['statements']['record']['mean_ms']} ms"
                if "statements" in res else ""))
         return res
 
     # -- workloads ------------------------------------------------------------------------------
     def w_drain(self):
+        """Backlog drain over many keys: every relay at 1, 2 and 4 workers, RTT 0 and 5 ms. The
+        cells behind a target (one worker, RTT 5 ms) get --runs runs, the others one."""
         s = self.sizes
         rtt = s["rtt_ms"]
         out = []
-        # The cells behind a target (one worker, RTT 5 ms) get --runs runs; the rest one run.
         cells = []
         for r in range(self.runs):
-            for system in SYSTEMS:
+            for system in ("outbox", "batched", "seed", "floor", "outbox_jit_off"):
                 cells.append((r, system, 1, rtt))
-        for system in SYSTEMS:
+        for system in ("outbox", "batched", "seed", "floor"):
             for w in s["drain_workers"]:
                 for rt in s["drain_rtts_ms"]:
                     if (w, rt) == (1, rtt) or (system == "floor" and rt != rtt):
-                        continue
+                        continue  # done above; the floor sends nothing, RTT is moot
                     cells.append((0, system, w, rt))
         for r, system, w, rt in cells:
-            label = f"drain-{system}-w{w}-rtt{rt}-r{r}"
-            res = self.drain(system, w, rt, "ds_many", s["drain_events"], label, rss=(system == "outbox"))
+            label = f"drain-{system.replace('_', '-')}-w{w}-rtt{rt}-r{r}"
+            window = s["baseline_window_s"] if system == "seed" else None
+            res = self.drain(system, w, rt, "ds_many", s["drain_events"], label, window=window,
+                             rss=system.startswith("outbox"))
             res["run"] = r
             out.append(res)
             self.results["workloads"]["drain"] = out
@@ -190,13 +227,19 @@ class Bench:
         return out
 
     def w_hot_keys(self):
+        """The same number of events over 10 keys, one worker, RTT 5 ms. The outbox relay and
+        the SQL floor get a window (hot_window_s) on the full backlog: a full drain takes them
+        minutes (RESULTS.md)."""
         s = self.sizes
         rtt = s["rtt_ms"]
         out = []
-        cells = [(r, "outbox") for r in range(self.runs)] + [(0, "batched"), (0, "seed"), (0, "floor")]
+        cells = [(r, "outbox") for r in range(self.runs)]
+        cells += [(0, "batched"), (0, "seed"), (0, "floor"), (0, "outbox_jit_off")]
         for r, system in cells:
-            label = f"hot-{system}-w1-rtt{rtt}-r{r}"
-            res = self.drain(system, 1, rtt, "ds_hot", s["drain_events"], label)
+            label = f"hot-{system.replace('_', '-')}-w1-rtt{rtt}-r{r}"
+            window = {"seed": s["baseline_window_s"], "batched": None}.get(system, s["hot_window_s"])
+            res = self.drain(system, 1, rtt, "ds_hot", s["drain_events"], label, window=window,
+                             tail=(window is None))  # 10 keys: up to 3 keys' events on one partition
             res["run"] = r
             out.append(res)
             self.results["workloads"]["hot_keys"] = out
@@ -330,7 +373,19 @@ class Bench:
             lat = sorted(float(x) for (x,) in self.db.sql(
                 "SELECT extract(epoch FROM published_at - created_at) * 1000 FROM outbox.events "
                 "WHERE key <> 'warm-up' ORDER BY id"))
-            res = {"system": system, "run": r, "workers": 1, "rtt_ms": rtt, "events": len(lat),
+            # Where the time goes (outbox only: the baselines set no claimed_at): commit -> the
+            # claim transaction's start (wake-up), and claim start -> ack (claim, produce, RTT).
+            parts = self.db.sql(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - created_at)), "
+                "percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - claimed_at)), "
+                "avg(n) FROM outbox.events e JOIN (SELECT claimed_at c, count(*) n FROM outbox.events "
+                "GROUP BY claimed_at) b ON b.c = e.claimed_at WHERE key <> 'warm-up'")[0]
+            breakdown = None
+            if parts[0] is not None:
+                breakdown = {"commit_to_claim_p50_ms": round(parts[0] * 1000, 2),
+                             "claim_to_ack_p50_ms": round(parts[1] * 1000, 2),
+                             "mean_batch_size": round(float(parts[2]), 2)}
+            res = {"system": system, "run": r, "workers": 1, "rtt_ms": rtt, "events": len(lat), "breakdown": breakdown,
                    "seconds": seconds,
                    "p50_ms": round(percentile(lat, 50), 2), "p90_ms": round(percentile(lat, 90), 2),
                    "p99_ms": round(percentile(lat, 99), 2), "max_ms": round(lat[-1], 2),
@@ -340,7 +395,10 @@ class Bench:
                    "verify": verify(self.db, self.mock, topic)}
             v = res["verify"]
             log(f"  idle latency {system} run {r}: p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms, "
-                f"max {res['max_ms']} ms over {len(lat)} events; lost {v['lost']}, dup {v['duplicates']}, "
+                f"max {res['max_ms']} ms over {len(lat)} events"
+                + (f" (p50 commit->claim {breakdown['commit_to_claim_p50_ms']} ms, claim->ack "
+                   f"{breakdown['claim_to_ack_p50_ms']} ms)" if breakdown else "")
+                + f"; lost {v['lost']}, dup {v['duplicates']}, "
                 f"order-violating keys {v['order_violation_keys']}")
             out.append(res)
             self.results["workloads"]["idle_latency"] = out
@@ -354,12 +412,15 @@ class Bench:
         s = self.sizes
         db = self.db
         self.prepare("floor", 0, s["rtt_ms"])  # relay off
-        db.sql("DROP TABLE IF EXISTS bench.invoices, bench.plain_events")
+        db.sql("DROP TABLE IF EXISTS bench.invoices, bench.plain_events, bench.events_shape")
         db.sql("CREATE TABLE bench.invoices (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
                "subscription_id bigint NOT NULL, amount_cents int NOT NULL, status text NOT NULL, "
                "paid_at timestamptz NOT NULL DEFAULT now())")
         db.sql("CREATE TABLE bench.plain_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
                "topic text NOT NULL, key text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
+        # Diagnostic: a plain INSERT into a table of outbox.events' shape (columns, constraints,
+        # all four indexes), to tell the cost of the table from the cost of the function.
+        db.sql("CREATE TABLE bench.events_shape (LIKE outbox.events INCLUDING ALL)")
         business = ("INSERT INTO bench.invoices (subscription_id, amount_cents, status) "
                     "VALUES (:sub, :amount, 'paid');")
         payload = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\", "
@@ -369,6 +430,8 @@ class Bench:
             "outbox": f"SELECT outbox.enqueue('billing', 'sub-' || :sub, ({payload})::jsonb);",
             "plain": f"INSERT INTO bench.plain_events (topic, key, payload) VALUES "
                      f"('billing', 'sub-' || :sub, ({payload})::jsonb);",
+            "shape": f"INSERT INTO bench.events_shape (event_id, topic, key, lane, payload) VALUES "
+                     f"(gen_random_uuid(), 'billing', 'sub-' || :sub, 0, convert_to((({payload})::jsonb)::text, 'UTF8'));",
         }
         tmp = Path(tempfile.mkdtemp(prefix="outbox-pgbench-"))
         files = {}
@@ -382,8 +445,8 @@ class Bench:
         try:
             for r in range(self.runs):
                 for clients in s["pgbench_clients"]:
-                    for variant in ("plain", "outbox"):
-                        db.sql("TRUNCATE bench.invoices, bench.plain_events, outbox.events")
+                    for variant in ("plain", "outbox", "shape"):
+                        db.sql("TRUNCATE bench.invoices, bench.plain_events, bench.events_shape, outbox.events")
                         db.sql("CHECKPOINT")
                         cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
                                "-T", str(s["pgbench_seconds"]), "-h", db.pg.tmp, "-p", str(db.pg.port),
@@ -408,12 +471,13 @@ class Bench:
         for clients in s["pgbench_clients"]:
             plain = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "plain"])
             ob = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "outbox"])
-            summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob,
-                                     "overhead_pct": round(100 * (1 - ob / plain), 1)}
+            shape = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "shape"])
+            summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob, "shape_tps": shape,
+                                     "overhead_pct": round(100 * (1 - ob / plain), 1),
+                                     "shape_overhead_pct": round(100 * (1 - shape / plain), 1)}
             log(f"  enqueue overhead, {clients} client(s): {summary[str(clients)]['overhead_pct']}% "
                 f"({ob:.0f} vs {plain:.0f} tps)")
-        res = {"runs": out, "summary": summary, "scripts": {k: v.read_text() if v.exists() else None
-                                                            for k, v in files.items()}}
+        res = {"runs": out, "summary": summary}
         res["scripts"] = {k: ("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
                               f"BEGIN;\n{business}\n{v}\nEND;\n") for k, v in scripts.items()}
         self.results["workloads"]["enqueue_overhead"] = res
@@ -421,7 +485,8 @@ class Bench:
         return res
 
     def w_memory(self):
-        """Worker memory while draining a large backlog (one worker, RTT 5 ms)."""
+        """Worker memory while draining a large backlog (one worker, RTT 5 ms), sampled every
+        0.5 s over memory_window_s of the drain."""
         s = self.sizes
         n = s["memory_events"]
         db = self.db
@@ -432,16 +497,18 @@ class Bench:
                "d.payload, d.headers FROM bench.ds_many d, generate_series(0, %s) g WHERE g * %s + d.n <= %s",
                (base, copies - 1, base, n))
         db.sql("CREATE UNIQUE INDEX ON bench.ds_big (n)")
-        res = self.drain("outbox", 1, s["rtt_ms"], "ds_big", n, "memory-outbox-w1", rss=True)
+        db.configure(0)  # so that the relay starts afresh below (VmHWM is per process)
+        res = self.drain("outbox", 1, s["rtt_ms"], "ds_big", n, "memory-outbox-w1", window=s["memory_window_s"],
+                         rss=True, tail=True)
         res["table_size_mb"] = round(db.value("SELECT pg_total_relation_size('outbox.events')") / 1048576, 1)
         res["shared_buffers"] = db.value("SHOW shared_buffers")
         db.sql("DROP TABLE bench.ds_big")
         db.reset_outbox()
         self.results["workloads"]["memory"] = res
         self.save()
-        log(f"  memory: worker peak VmRSS {res['memory']['peak_vmrss_mb']} MB (private: anon "
-            f"{res['memory']['peak_rss_anon_mb']} MB + file {res['memory']['peak_rss_file_mb']} MB; "
-            f"shared memory pages {res['memory']['peak_rss_shmem_mb']} MB)")
+        m = res["memory"]
+        log(f"  memory: worker peak VmRSS {m['peak_vmrss_mb']} MB = private (anon {m['peak_rss_anon_mb']} MB + "
+            f"file {m['peak_rss_file_mb']} MB) + shared memory pages {m['peak_rss_shmem_mb']} MB")
         return res
 
     def w_table_health(self):
@@ -458,8 +525,9 @@ class Bench:
                      "pg_total_relation_size('outbox.events'), "
                      "(SELECT count(*) FROM outbox.events), "
                      "(SELECT count(*) FROM outbox.events WHERE status <> 'published'), "
-                     "n_dead_tup, autovacuum_count, vacuum_count FROM pg_stat_user_tables "
-                     "WHERE relid = 'outbox.events'::regclass")
+                     "n_dead_tup, autovacuum_count, vacuum_count, "
+                     "(SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM outbox.workers) "
+                     "FROM pg_stat_user_tables WHERE relid = 'outbox.events'::regclass")
         enqueued = 0
         try:
             with db.connect(autocommit=False) as c, db.connect() as mon:
@@ -472,7 +540,7 @@ class Bench:
                         time.sleep(delay)
                     c.execute("SELECT count(outbox.enqueue(%s, 'sub-' || (g %% 1000), "
                               "('{\"event\": \"invoice.paid\", \"seq\": ' || g || '}')::jsonb)) "
-                              "FROM generate_series(%s, %s) g", (topic, enqueued, enqueued + per_tx - 1))
+                              "FROM generate_series(%s::bigint, %s::bigint) g", (topic, enqueued, enqueued + per_tx - 1))
                     c.commit()
                     enqueued += per_tx
                     i += 1
@@ -481,7 +549,8 @@ class Bench:
                         row = mon.execute(sizes_sql).fetchone()
                         samples.append({"t": round(el, 1), "table_bytes": row[0], "index_bytes": row[1],
                                         "total_bytes": row[2], "rows": row[3], "unpublished": row[4],
-                                        "dead_tuples": row[5], "autovacuums": row[6], "enqueued": enqueued})
+                                        "dead_tuples": row[5], "autovacuums": row[6], "enqueued": enqueued,
+                                        "worker": row[8]})
                         next_sample += 5.0
             common.wait_until(lambda: db.value(
                 "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "health drained")
@@ -518,6 +587,7 @@ class Bench:
         self.results["meta"]["quick"] = self.args.quick
         self.results["meta"]["runs"] = self.runs
         self.results["meta"]["started"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        self.results["meta"]["loadavg_at_start"] = os.getloadavg()
         log("flushbench (test/mockbroker): one 200-message flush at RTT 0")
         fb = common.flushbench()
         self.results["flushbench"] = fb
@@ -546,13 +616,17 @@ class Bench:
                     self.save()
         finally:
             self.results["meta"]["duration_s"] = round(time.time() - started, 1)
-            self.results["meta"]["postgres_log_tail"] = self.db.pg.log()[-5000:] if self.db else None
+            self.results["meta"]["loadavg_at_end"] = os.getloadavg()
+            if self.db:
+                # The whole server log (autovacuum runs, relay messages) goes with the results.
+                shutil.copy(self.db.pg.log_path, self.out / "postgres.log")
             self.db.stop()
             self.mock.close()
         import report
         self.results["summary"], self.results["targets"] = report.summarize(self.results)
         self.save()
         report.print_tables(self.results)
+        (self.out / "tables.md").write_text(report.markdown(self.results))
         try:
             import charts
             charts.draw(self.results, self.out)

@@ -6,9 +6,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"outbox": "tab:blue", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray"}
+COLORS = {"outbox": "tab:blue", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
+          "outbox_jit_off": "tab:cyan"}
 NAMES = {"outbox": "outbox relay", "batched": "batched relay", "seed": "seed-style relay",
-         "floor": "SQL floor (no Kafka)"}
+         "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off"}
 
 
 def throughput(results, out):
@@ -16,7 +17,7 @@ def throughput(results, out):
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
-    for system in ("outbox", "batched", "seed", "floor"):
+    for system in ("outbox", "batched", "seed", "floor", "outbox_jit_off"):
         for rtt, style in ((0, "--"), (5, "-")):
             pts = sorted((r["workers"], r["rate_median"]) for r in rows
                          if r["system"] == system and r["rtt_ms"] == rtt)

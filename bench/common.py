@@ -78,7 +78,7 @@ class Postgres:
         self.pg = PgCluster(settings=settings)
         self.pg.init().start().setup_database()
         self.workers = 0
-        self.bootstrap = None
+        self.current = {"outbox.workers": "0"}
         self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.sql("CREATE SCHEMA IF NOT EXISTS bench")
         with self.connect() as c:
@@ -98,25 +98,28 @@ class Postgres:
     def dsn(self):
         return f"host={self.pg.tmp} port={self.pg.port} user=postgres dbname=postgres"
 
-    def configure(self, workers, bootstrap=None, **outbox):
-        """Relay with `workers` workers (0: off) publishing to `bootstrap`; restarts when needed."""
-        changes = {}
-        if workers != self.workers:
-            changes["workers"] = workers
-        if bootstrap is not None and bootstrap != self.bootstrap:
-            changes["bootstrap_servers"] = bootstrap
-        changes.update(outbox)
+    def configure(self, workers, bootstrap=None, settings=None, **outbox):
+        """Relay with `workers` workers (0: off) publishing to `bootstrap`, plus any server
+        `settings` ({name: value}, e.g. {"jit": "off"}) and outbox.* settings as keywords; ALTER
+        SYSTEM and a restart when anything changed (outbox.workers needs one)."""
+        wanted = {"outbox.workers": str(workers)}
+        if bootstrap is not None:
+            wanted["outbox.bootstrap_servers"] = bootstrap
+        for name, value in (settings or {}).items():
+            wanted[name] = str(value)
+        for name, value in outbox.items():
+            wanted["outbox." + name] = str(value)
+        changes = {k: v for k, v in wanted.items() if self.current.get(k) != v}
         if not changes:
             return
-        for name, value in changes.items():
-            # (ALTER SYSTEM takes no bind parameters: quote the value client-side.)
-            with self.connect() as c:
-                c.execute(psycopg.sql.SQL("ALTER SYSTEM SET outbox.{} = {}").format(
-                    psycopg.sql.SQL(name), psycopg.sql.Literal(str(value))))
+        with self.connect() as c:
+            for name, value in changes.items():
+                # (ALTER SYSTEM takes no bind parameters: the value is quoted client-side.)
+                c.execute(psycopg.sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                    psycopg.sql.SQL(name), psycopg.sql.Literal(value)))
         self.pg.restart()
+        self.current.update(changes)
         self.workers = workers
-        if bootstrap is not None:
-            self.bootstrap = bootstrap
         if workers:
             self.pg.wait_workers_running(workers, timeout=60)
             wait_until(lambda: all(r[2] == "idle" for r in self.pg.workers()), 60, "relay workers idle")
@@ -153,7 +156,9 @@ class Postgres:
 
 def make_dataset(db, name, n, keys):
     """bench.<name>(n, event_id, key, payload, headers): n billing events (about 230 bytes of JSON)
-    over `keys` keys, key = i mod keys."""
+    over `keys` keys. Keys follow a fixed pseudo-random sequence (hashint4(i) mod keys), not
+    round-robin: with round-robin keys, consecutive 200-row claims of the baselines would hold
+    disjoint keys and hide their per-key order problems."""
     db.reset_outbox()
     with db.connect() as c:
         c.execute("""
@@ -161,7 +166,8 @@ def make_dataset(db, name, n, keys):
                 'event', 'invoice.paid', 'invoice_id', 'inv-' || i, 'subscription_id', k,
                 'amount_cents', 1000 + i %% 9000, 'currency', 'EUR', 'period', '2026-11',
                 'customer_email', 'customer-' || (i %% 997) || '@example.com')))
-            FROM (SELECT i, 'sub-' || lpad((i %% %s)::text, 5, '0') AS k FROM generate_series(0, %s) i) s""",
+            FROM (SELECT i, 'sub-' || lpad((abs(hashint4(i)) %% %s)::text, 5, '0') AS k
+                  FROM generate_series(0, %s) i) s""",
                   (keys, n - 1))
         c.execute(f"DROP TABLE IF EXISTS bench.{name}")
         c.execute(f"CREATE TABLE bench.{name} AS SELECT row_number() OVER (ORDER BY id) AS n, event_id, key, "
@@ -222,42 +228,93 @@ class Mock:
         self.mc.close()
 
 
-def read_all(bootstrap, topic, expected, timeout=300.0, settle=1.0):
-    """Every record of every partition of `topic`: [(partition, offset, key, event_id)]. Reads
-    until `expected` records are in and nothing new has come for `settle` seconds (so duplicates
-    beyond `expected` are seen too), or the deadline passes."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "outbox-bench-reader",
-                         "enable.auto.commit": False, "enable.partition.eof": False,
-                         "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
-    try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-        records = []
-        deadline = time.monotonic() + timeout
-        quiet_since = None
-        while time.monotonic() < deadline:
-            msgs = consumer.consume(50000, timeout=0.2)
-            got = 0
-            for m in msgs:
-                if m.error():
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(m.error())
-                eid = None
-                for k, v in (m.headers() or []):
-                    if k == "event_id":
-                        eid = v.decode()
-                records.append((m.partition(), m.offset(), m.key().decode() if m.key() is not None else None, eid))
-                got += 1
-            if got:
-                quiet_since = None
-            elif len(records) >= expected:
-                if quiet_since is None:
-                    quiet_since = time.monotonic()
-                elif time.monotonic() - quiet_since >= settle:
+class TopicReader(threading.Thread):
+    """Reads every partition of `topic` from the beginning: [(partition, offset, key, event_id)].
+
+    The mock cluster keeps only the last 5 MiB (or 100,000 record batches) of each partition and
+    silently drops older data, so a run that sends more than that per partition must be read
+    while it runs: start() the reader before the load, finish(expected) after the drain. Small
+    runs are read afterwards with read_all(). Either way the low watermarks are checked, so that
+    data the mock dropped is reported as such, never as lost."""
+
+    def __init__(self, bootstrap, topic, settle=1.0):
+        super().__init__(daemon=True)
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.settle = settle
+        self.records = []
+        self.expected = None
+        self.deadline = None
+        self.error = None
+        self.dropped_by_mock = 0
+
+    def run(self):
+        try:
+            self._read()
+        except Exception as e:  # reported by finish()
+            self.error = e
+
+    def _read(self):
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "outbox-bench-reader",
+                             "enable.auto.commit": False, "enable.partition.eof": False,
+                             "auto.offset.reset": "earliest",
+                             "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
+        try:
+            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+            quiet_since = None
+            while True:
+                msgs = consumer.consume(50000, timeout=0.2)
+                got = 0
+                for m in msgs:
+                    if m.error():
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            continue
+                        raise RuntimeError(m.error())
+                    eid = None
+                    for k, v in (m.headers() or []):
+                        if k == "event_id":
+                            eid = v.decode()
+                    self.records.append((m.partition(), m.offset(),
+                                         m.key().decode() if m.key() is not None else None, eid))
+                    got += 1
+                if self.expected is None:
+                    continue  # still tailing a run in progress
+                if got:
+                    quiet_since = None
+                elif len(self.records) >= self.expected:
+                    if quiet_since is None:
+                        quiet_since = time.monotonic()
+                    elif time.monotonic() - quiet_since >= self.settle:
+                        break
+                if time.monotonic() > self.deadline:
                     break
-        return records
-    finally:
-        consumer.close()
+            # Offsets the mock no longer has: everything below a partition's low watermark that
+            # this reader did not see.
+            seen = {}
+            for part, off, _, _ in self.records:
+                seen[part] = seen.get(part, 0) + 1
+            for p in range(PARTITIONS):
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                if lo > 0:
+                    self.dropped_by_mock += max(0, hi - seen.get(p, 0))
+        finally:
+            consumer.close()
+
+    def finish(self, expected, timeout=300.0):
+        self.deadline = time.monotonic() + timeout
+        self.expected = expected
+        if not self.is_alive() and self.ident is None:
+            self.start()
+        self.join(timeout + 30)
+        if self.error:
+            raise self.error
+        return self.records
+
+
+def read_all(bootstrap, topic, expected, timeout=300.0):
+    reader = TopicReader(bootstrap, topic)
+    records = reader.finish(expected, timeout)
+    return records, reader.dropped_by_mock
 
 
 def check(records, by_key, n_expected):
@@ -290,12 +347,19 @@ def check(records, by_key, n_expected):
             "events_out_of_place": out_of_place, "unexpected": unexpected}
 
 
-def verify(db, mock, topic, only_published=False):
-    """Consumes every partition of `topic` and checks it against the table: lost (a row that is
-    not in Kafka), duplicates, per-key order, and rows the relay left unpublished."""
+def verify(db, mock, topic, only_published=False, reader=None):
+    """Consumes every partition of `topic` (or finishes the reader that has been tailing it) and
+    checks it against the table: lost (a row that is not in Kafka), duplicates, per-key order,
+    and rows the relay left unpublished."""
     by_key, n = expected_order(db, only_published)
-    records = read_all(mock.bootstrap, topic, n)
+    if reader is None:
+        reader = TopicReader(mock.bootstrap, topic)
+    records = reader.finish(n)
     result = check(records, by_key, n)
+    result["dropped_by_mock"] = reader.dropped_by_mock
+    if reader.dropped_by_mock:
+        raise RuntimeError(f"verification of {topic} impossible: the mock cluster dropped {reader.dropped_by_mock} "
+                           "records (5 MiB per partition retention) before they were read")
     statuses = dict(db.sql("SELECT status, count(*) FROM outbox.events GROUP BY status"))
     result["unpublished_rows"] = 0 if only_published else n - statuses.get("published", 0)
     return result
@@ -348,7 +412,7 @@ class RssSampler(threading.Thread):
         def peak(field):
             vals = [m.get(field, 0) for _, _, m in self.samples]
             return round(max(vals) / 1024, 1) if vals else None
-        return {"peak_vmrss_mb": peak("VmRSS"), "peak_rss_anon_mb": peak("RssAnon"),
+        return {"peak_vmrss_mb": max(peak("VmRSS") or 0, peak("VmHWM") or 0), "peak_rss_anon_mb": peak("RssAnon"),
                 "peak_rss_file_mb": peak("RssFile"), "peak_rss_shmem_mb": peak("RssShmem"),
                 "peak_private_mb": round(max(((m.get("RssAnon", 0) + m.get("RssFile", 0)) for _, _, m in
                                               self.samples), default=0) / 1024, 1),
@@ -447,6 +511,12 @@ def machine_info():
     except OSError:
         pass
     git = os.environ.get("OUTBOX_COMMIT") or cmd(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    # What was built: a digest of the extension's sources, so that runs on uncommitted trees
+    # can still be told apart.
+    import hashlib
+    digest = hashlib.sha1()
+    for path in sorted(list((REPO / "src").glob("*.[ch]pp")) + list((REPO / "sql").glob("outbox--*.sql"))):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 1048576, 1) if mem_kb else None,
         "os": os_release.get("PRETTY_NAME"), "kernel": platform.release(),
@@ -455,7 +525,7 @@ def machine_info():
         "confluent_kafka_python": confluent_kafka.version()[0],
         "psycopg": psycopg.__version__, "python": platform.python_version(),
         "pgbench": cmd(["pgbench", "--version"]),
-        "outbox_commit": git,
+        "outbox_commit": git, "outbox_sources_sha1": digest.hexdigest()[:12],
     }
 
 

@@ -2,7 +2,8 @@
 
 from common import median
 
-LABEL = {"outbox": "outbox", "batched": "batched", "seed": "seed-style", "floor": "SQL floor"}
+LABEL = {"outbox": "outbox", "batched": "batched", "seed": "seed-style", "floor": "SQL floor (jit=off)",
+         "outbox_jit_off": "outbox, jit=off (diag.)"}
 
 
 def _sum(xs):
@@ -100,7 +101,7 @@ def summarize(results):
         target("hot keys (10 keys) vs many keys (1,000), one worker", ">= 50%",
                f"{100 * x:.0f}% ({hot:.0f} vs {ours:.0f} events/s)", x >= 0.5)
     ours_runs = [r for name in ("drain", "hot_keys", "burst", "idle_latency") for r in w.get(name, [])
-                 if r["system"] == "outbox"]
+                 if r["system"].startswith("outbox")]
     if mem:
         ours_runs.append(mem)
     if ours_runs:
@@ -120,15 +121,34 @@ def summarize(results):
                row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps")
     if mem and mem.get("memory"):
         m = mem["memory"]
-        target(f"worker RSS on the {mem['events']:,}-event backlog", "< 64 MB",
-               f"VmRSS {m['peak_vmrss_mb']} MB (private {m['peak_private_mb']} MB, shared buffers "
-               f"{m['peak_rss_shmem_mb']} MB)", m["peak_vmrss_mb"] < 64,
-               "VmRSS counts the shared_buffers pages the worker touched; private = RssAnon + RssFile")
+        target(f"worker RSS (VmRSS) on the {mem['events']:,}-event backlog", "< 64 MB",
+               f"{m['peak_vmrss_mb']} MB", m["peak_vmrss_mb"] < 64,
+               f"of which {m['peak_rss_shmem_mb']} MB shared_buffers pages (RssShmem)")
+        target(f"worker private memory (RssAnon + RssFile) on the {mem['events']:,}-event backlog", "< 64 MB",
+               f"{m['peak_private_mb']} MB", m["peak_private_mb"] < 64,
+               f"anon {m['peak_rss_anon_mb']} MB + file {m['peak_rss_file_mb']} MB")
     if th and th.get("growth_last_vs_middle_pct") is not None:
         g = th["growth_last_vs_middle_pct"]
         target("table + index size under steady load with retention", "stops growing",
                f"peak {th['peak_total_mb_middle_third']} MB (middle third) -> {th['peak_total_mb_last_third']} MB "
                f"(last third), {g:+.1f}%", g <= 5, "met = last third's peak within 5% of the middle third's")
+    # Diagnostics, not targets: the same comparisons with JIT off (see RESULTS.md).
+    diag = []
+    ours_nojit, _ = drain_rate("outbox_jit_off")
+    hot_nojit, _ = drain_rate("outbox_jit_off", name="hot_keys")
+    if ours_nojit:
+        if seed:
+            diag.append(f"jit=off: one worker {ours_nojit:.0f} events/s = {ours_nojit / seed:.1f}x the seed-style relay")
+        if batched:
+            diag.append(f"jit=off: one worker = {ours_nojit / batched:.2f}x the batched relay")
+        if floor:
+            diag.append(f"jit=off: one worker = {100 * ours_nojit / floor:.0f}% of the SQL floor")
+        if hot_nojit:
+            diag.append(f"jit=off: hot keys {hot_nojit:.0f} events/s = {100 * hot_nojit / ours_nojit:.0f}% of many keys")
+    if floor and seed:
+        diag.append(f"SQL floor = {floor / seed:.0f}x the seed-style relay (the most any relay running these "
+                    f"statements one batch at a time could reach)")
+    summary["diagnostics"] = diag
     return summary, targets
 
 
@@ -190,8 +210,10 @@ def print_tables(results):
     if s.get("enqueue_overhead"):
         print()
         print("== Enqueue overhead (pgbench tps, median of runs)")
-        print(table(["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue", "overhead"],
-                    [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%"]
+        print(table(["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue", "overhead",
+                     "diag.: INSERT + INSERT into outbox.events' shape", "its overhead"],
+                    [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%",
+                      _fmt(r.get("shape_tps")), f"{r.get('shape_overhead_pct', 0):.1f}%"]
                      for c, r in s["enqueue_overhead"].items()]))
     if s.get("memory"):
         m = s["memory"]
@@ -210,8 +232,66 @@ def print_tables(results):
         print(table(["target", "goal", "measured", "met", "note"],
                     [[t["target"], t["goal"], t["measured"], "yes" if t["met"] else "NO", t["note"]]
                      for t in results["targets"]]))
+    if s.get("diagnostics"):
+        print()
+        print("== Diagnostics (not targets)")
+        for d in s["diagnostics"]:
+            print("  " + d)
     if results.get("errors"):
         print()
         print("== ERRORS")
         for e in results["errors"]:
             print(f"{e['workload']}: {e['error']}")
+
+
+def _md(headers, rows):
+    out = ["| " + " | ".join(str(h) for h in headers) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c) for c in r) + " |")
+    return "\n".join(out)
+
+
+def markdown(results):
+    """The same tables as print_tables, in Markdown (written to tables.md for RESULTS.md)."""
+    s = results.get("summary", {})
+    parts = []
+    for name, title in (("drain", "Backlog drain"), ("hot_keys", "Hot keys")):
+        rows = s.get(name) or []
+        if rows:
+            parts.append(f"### {title}\n\n" + _md(
+                ["relay", "workers", "RTT ms", "runs", "events/s (median)", "all runs", "claim ms", "record ms",
+                 "lost", "dup", "order-violating keys"],
+                [[LABEL[r["system"]], r["workers"], r["rtt_ms"], r["runs"], _fmt(r["rate_median"]),
+                  " / ".join(_fmt(x) for x in r["rates"]),
+                  _fmt(r.get("claim_ms_median"), 1), _fmt(r.get("record_ms_median"), 1),
+                  r["lost"] + r["unpublished_rows"] if r["verified_runs"] else "-",
+                  r["duplicates"] if r["verified_runs"] else "-",
+                  r["order_violation_keys"] if r["verified_runs"] else "-"] for r in rows]))
+    if s.get("burst"):
+        parts.append("### Renewal burst\n\n" + _md(
+            ["relay", "events", "offered/s", "time to empty s", "worst delay ms", "p50 delay ms", "p99 delay ms",
+             "peak backlog", "lost", "dup", "order-violating keys"],
+            [[LABEL[r["system"]], _fmt(r["events"]), _fmt(r["offered_rate"]), _fmt(r["time_to_empty_s"], 2),
+              _fmt(r["worst_delay_ms"], 0), _fmt(r["p50_delay_ms"], 0), _fmt(r["p99_delay_ms"], 0),
+              _fmt(r["peak_backlog"]), r["verify"]["lost"] + r["verify"]["unpublished_rows"],
+              r["verify"]["duplicates"], r["verify"]["order_violation_keys"]] for r in s["burst"]]))
+    if s.get("idle_latency"):
+        parts.append("### Idle-queue latency (commit -> broker ack, ms)\n\n" + _md(
+            ["relay", "runs", "p50", "p90", "p99", "max (worst run)", "lost", "dup", "order-violating keys"],
+            [[LABEL[r["system"]], r["runs"], _fmt(r["p50_ms"], 1), _fmt(r["p90_ms"], 1), _fmt(r["p99_ms"], 1),
+              _fmt(r["max_ms_worst"], 1), r["lost"] + r["unpublished_rows"], r["duplicates"],
+              r["order_violation_keys"]] for r in s["idle_latency"]]))
+    if s.get("enqueue_overhead"):
+        parts.append("### Enqueue overhead (pgbench, tps, median)\n\n" + _md(
+            ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",
+             "diag.: INSERT + INSERT into a copy of outbox.events", "its overhead"],
+            [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%",
+              _fmt(r.get("shape_tps")), f"{r.get('shape_overhead_pct', 0):.1f}%"]
+             for c, r in s["enqueue_overhead"].items()]))
+    if results.get("targets"):
+        parts.append("### Targets\n\n" + _md(
+            ["target", "goal", "measured", "met", "note"],
+            [[t["target"], t["goal"], t["measured"], "yes" if t["met"] else "**no**", t["note"]]
+             for t in results["targets"]]))
+    return "\n\n".join(parts) + "\n"

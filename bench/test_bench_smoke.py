@@ -1,0 +1,49 @@
+"""Smoke run of the benchmark suite: bench/run --quick (tiny sizes, a few minutes), so that the
+bench does not rot. It asserts what the bench must always get right (every workload ran, nothing
+lost, the outbox relay kept per-key order, the charts were drawn), never a timing.
+
+Lives in bench/, not test/, so that it runs only when asked for:
+    /usr/bin/python3 -m pytest bench/test_bench_smoke.py -p no:cacheprovider
+It needs what test/run sets up (packages, the extension built and installed)."""
+
+import json
+import subprocess
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+WORKLOADS = {"drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead", "memory", "table_health"}
+
+
+def test_bench_quick_smoke(tmp_path):
+    out = tmp_path / "bench-out"
+    p = subprocess.run([str(BENCH / "run"), "--quick", "--no-setup", "--out", str(out)],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    assert p.returncode == 0, p.stdout[-8000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["errors"] == [], results["errors"]
+    workloads = results["workloads"]
+    assert set(workloads) == WORKLOADS
+
+    # The mock cluster's flush check ran and shows the TCP_NODELAY fix.
+    fb = results["flushbench"]
+    assert fb["nodelay_ms"] is not None and fb["nodelay_ms"] < fb["stock_ms"], fb
+
+    # Every relay, every verified run: nothing lost, nothing left unpublished, nothing unexpected.
+    runs = [r for name in ("drain", "hot_keys", "burst", "idle_latency") for r in workloads[name]]
+    runs.append(workloads["memory"])
+    verified = [r for r in runs if r.get("verify")]
+    assert len(verified) >= 20
+    for r in verified:
+        v = r["verify"]
+        assert v["lost"] == 0 and v["unpublished_rows"] == 0 and v["unexpected"] == 0, (r["system"], v)
+        assert v["unique"] == v["expected"], (r["system"], v)
+        if r["system"].startswith("outbox"):
+            assert v["duplicates"] == 0 and v["order_violation_keys"] == 0, (r["system"], v)
+    assert {r["system"] for r in workloads["drain"]} >= {"outbox", "batched", "seed", "floor"}
+
+    assert workloads["enqueue_overhead"]["summary"]
+    assert workloads["memory"]["memory"]["samples"] > 0
+    assert workloads["table_health"]["samples"]
+    assert {t["target"] for t in results["targets"]}
+    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png"):
+        assert (out / chart).stat().st_size > 0, chart
