@@ -12,6 +12,15 @@ NAMES = {"outbox": "outbox relay", "batched": "batched relay", "seed": "seed-sty
          "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off"}
 
 
+
+def _save(fig, out, name):
+    """Writes one chart as PNG and frees the figure."""
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def throughput(results, out):
     rows = results.get("summary", {}).get("drain") or []
     if not rows:
@@ -33,11 +42,7 @@ def throughput(results, out):
     ax.set_title(f"Backlog drain, {n:,} events over {results['config']['many_keys']:,} keys")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "throughput.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "throughput.png")
 
 
 def latency(results, out):
@@ -61,11 +66,7 @@ def latency(results, out):
                  f"RTT {rtt} ms")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path = out / "latency.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "latency.png")
 
 
 def memory(results, out):
@@ -84,11 +85,7 @@ def memory(results, out):
     ax.set_title(f"Relay worker memory, {mem['events']:,}-event backlog")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "memory.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "memory.png")
 
 
 def table_health(results, out):
@@ -111,11 +108,7 @@ def table_health(results, out):
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
     ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
-    fig.tight_layout()
-    path = out / "table_health.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "table_health.png")
 
 
 def burst(results, out):
@@ -131,11 +124,7 @@ def burst(results, out):
     ax.set_title(f"Renewal burst: {runs[0]['events']:,} events in {runs[0]['enqueue_seconds']:.0f} s, one worker")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "burst.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "burst.png")
 
 
 def draw(results, out):
