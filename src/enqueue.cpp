@@ -123,13 +123,21 @@ PayloadBytes(Datum payload, PayloadKind kind) {
 	return out;
 }
 
+// Two statements: ON CONFLICT DO NOTHING only where a duplicate can happen, i.e. for an id the
+// caller passed. A generated (random version 4) id cannot collide in practice, and a plain
+// INSERT skips the speculative insertion (its conflict pre-check and extra WAL record); should
+// one ever collide, the unique index still refuses it with an error instead of a silent drop.
 SPIPlanPtr
-InsertPlan() {
-	static SPIPlanPtr plan = nullptr;
+InsertPlan(bool caller_event_id) {
+	static SPIPlanPtr plans[2] = {nullptr, nullptr};
+	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0];
 	if (plan == nullptr) {
 		Oid types[6] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID};
-		SPIPlanPtr p = SPI_prepare("INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
-		                           "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING RETURNING lane",
+		SPIPlanPtr p = SPI_prepare(caller_event_id
+		                               ? "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
+		                                 "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING RETURNING lane"
+		                               : "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
+		                                 "VALUES ($1, $2, $3, $4, $5, $6) RETURNING lane",
 		                           6, types);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
@@ -179,7 +187,8 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	}
 
 	pg_uuid_t *event_id;
-	if (PG_ARGISNULL(4)) {
+	bool caller_event_id = !PG_ARGISNULL(4);
+	if (!caller_event_id) {
 		event_id = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t)));
 		if (!pg_strong_random(event_id->data, UUID_LEN)) {
 			ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate a random event id")));
@@ -202,7 +211,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	char nulls[6] = {' ', ' ', key_null ? 'n' : ' ', ' ', payload_null ? 'n' : ' ', headers_null ? 'n' : ' '};
 
 	SPI_connect();
-	int rc = SPI_execute_plan(InsertPlan(), values, nulls, false, 0);
+	int rc = SPI_execute_plan(InsertPlan(caller_event_id), values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING) {
 		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
 	}

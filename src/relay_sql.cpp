@@ -264,6 +264,14 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 	if (state != TableState::Ready) {
 		return state;
 	}
+	// The claim's commit need not wait for its WAL flush (SET LOCAL synchronous_commit = off):
+	// in_flight is never trusted across a restart (the lane's worker requeues its in-flight rows
+	// before its first claim), so a claim lost in a crash leaves the rows pending, which is
+	// exactly what the requeue would have made of them. The record's commit stays synchronous
+	// and flushes the claim's WAL with it. Saves one WAL flush (about 1 ms here) per batch, on
+	// the latency path of every event.
+	(void)set_config_option("synchronous_commit", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0,
+	                        false);
 	Datum values[5] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker), Int32GetDatum(settings.batch_size),
 	                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
 	                   Int64GetDatum(settings.batch_max_bytes)};
