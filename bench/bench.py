@@ -36,12 +36,12 @@ FULL = {
     "drain_workers": [1, 2, 4], "drain_rtts_ms": [0, 5],
     "baseline_window_s": 12,         # the seed-style relay runs this long on the full backlog
     "hot_window_s": 20,              # the outbox relay and SQL floor on the hot-key backlog
-    "memory_window_s": 90,           # RSS sampled over this much of the 1M-event drain
-    "burst_events": 20_000, "burst_seconds": 60,
+    "memory_window_s": 150,          # at most this much of the 1M-event drain (RSS sampled)
+    "burst_events": 40_000, "burst_seconds": 120,
     "latency_seconds": 60, "latency_interval_ms": 20, "latency_baseline_seconds": 30,
     "pgbench_seconds": 8, "pgbench_clients": [1, 4],
     "memory_events": 1_000_000,
-    "health_seconds": 240, "health_rate": 500, "health_retention": "10s",
+    "health_seconds": 360, "health_rate": 500, "health_retention": "10s",
     "rtt_ms": 5,
 }
 QUICK = {
@@ -88,14 +88,17 @@ class Bench:
             self.db.sql("DROP INDEX IF EXISTS outbox.bench_seed_pending_created_idx")
         self.seed_index = on
 
-    def prepare(self, system, workers, rtt, **outbox):
+    def prepare(self, system, workers, rtt, commit_timestamps=False, **outbox):
         """Relay `system` ready on an empty outbox.events at RTT `rtt`: the outbox relay with
-        `workers` workers, or the relay off for the baselines and the SQL floor."""
+        `workers` workers, or the relay off for the baselines and the SQL floor.
+        commit_timestamps: track_commit_timestamp on (the latency workload reads each enqueue's
+        exact commit time; off elsewhere, it costs every commit a little)."""
         self.mock.set_rtt(rtt)
         # The SQL floor runs with JIT off: it stands for the statements' own cost. (Run from
         # PL/pgSQL, its custom plans can cross jit_above_cost where the relay's do not, and it
         # would then measure LLVM compile time instead; RESULTS.md.)
-        settings = {"jit": "off" if system.endswith("_jit_off") or system == "floor" else "on"}
+        settings = {"jit": "off" if system.endswith("_jit_off") or system == "floor" else "on",
+                    "track_commit_timestamp": "on" if commit_timestamps else "off"}
         self.db.reset_outbox()  # a restarted relay must find nothing left from the last run
         if system.startswith("outbox"):
             self.seed_index_on(False)
@@ -108,8 +111,8 @@ class Bench:
     # -- one drain --------------------------------------------------------------------------
     def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False):
         """Loads n events of `dataset` as one committed backlog (the relay is running and idle)
-        and lets `system` drain it, all of it, or for `window` seconds only when a full drain
-        does not fit the time budget (the rate is then over what was published in the window,
+        and lets `system` drain it, all of it, or for at most `window` seconds when a full drain
+        may not fit the time budget (the rate is then over what was published in the window,
         and the verification covers the published rows). Rate = published / (last published_at
         - commit of the load). tail: read the topic while the relay runs (more data than the mock
         cluster keeps per partition; costs the relay some CPU)."""
@@ -129,7 +132,8 @@ class Bench:
                 sampler.start()
             t0 = load(db, dataset, n, topic)
             if window:
-                time.sleep(max(0.0, t0 + window - time.time()))
+                while time.time() < t0 + window and db.published_by_workers() - base < n:
+                    time.sleep(0.05)
                 if sampler:
                     res["memory"] = sampler.stop()
                 db.configure(0)  # fast shutdown: each worker finishes and records its batch
@@ -162,7 +166,8 @@ class Bench:
             for t in threads:
                 t.start()
             if window:
-                time.sleep(max(0.0, t0 + window - time.time()))
+                while time.time() < t0 + window and any(t.is_alive() for t in threads):
+                    time.sleep(0.05)
                 db.sql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'bench sql floor'")
             for t in threads:
                 t.join()
@@ -175,7 +180,8 @@ class Bench:
                 time.sleep(1.0)  # connected and idle-polling, as in production
                 t0 = load(db, dataset, n, topic)
                 if window:
-                    time.sleep(max(0.0, t0 + window - time.time()))
+                    while time.time() < t0 + window and relays.published() < n:
+                        time.sleep(0.05)
                 else:
                     wait_drained(relays.published, n, timeout, label)
             finally:
@@ -332,19 +338,21 @@ class Bench:
         return out
 
     def w_idle_latency(self):
-        """One event every 20 ms on an otherwise idle queue. Latency = published_at - created_at:
-        created_at is now() of the enqueuing transaction (a single-statement autocommit
-        transaction, so within the statement's duration of its commit); published_at is the time
-        the relay had the broker's ack (outbox: start of the record transaction that follows the
-        batch's last delivery report; baselines: clock_timestamp() in their UPDATE after flush)."""
+        """One event every 20 ms on an otherwise idle queue. Latency = published_at - the
+        enqueuing transaction's commit time, both on the server's clock: the commit time is
+        pg_xact_commit_timestamp() of that transaction (track_commit_timestamp on; created_at
+        would be its start, a WAL flush earlier); published_at is the time the relay had the
+        broker's ack (outbox: start of the record transaction that follows the batch's last
+        delivery report; baselines: clock_timestamp() in their UPDATE after flush)."""
         s = self.sizes
         rtt = s["rtt_ms"]
         out = []
         cells = [(r, "outbox") for r in range(self.runs)] + [(0, "batched"), (0, "seed")]
         for r, system in cells:
             seconds = s["latency_seconds"] if system == "outbox" else s["latency_baseline_seconds"]
-            self.prepare(system, 1, rtt)
+            self.prepare(system, 1, rtt, commit_timestamps=True)
             topic = self.mock.new_topic(f"latency-{system}-r{r}")
+            commits = []  # (event_id, xid of the enqueuing transaction)
             relays = self.start_system(system)
             try:
                 with self.db.connect() as c:
@@ -362,24 +370,31 @@ class Bench:
                         if delay > 0:
                             time.sleep(delay)
                         t = time.monotonic()
-                        c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)",
-                                  (topic, f"acct-{i % 50}", f'{{"event": "payment.failed", "seq": {i}}}'))
+                        commits.append(c.execute(
+                            "SELECT outbox.enqueue(%s, %s, %s::jsonb)::text, pg_current_xact_id()::text",
+                            (topic, f"acct-{i % 50}", f'{{"event": "payment.failed", "seq": {i}}}')).fetchone())
                         stmt_ms.append((time.monotonic() - t) * 1000)
                 common.wait_until(lambda: self.db.value(
                     "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "latency drained")
             finally:
                 if relays:
                     relays.stop()
+            self.db.sql("DROP TABLE IF EXISTS bench.commits")
+            self.db.sql("CREATE TABLE bench.commits AS SELECT x.event_id::uuid, pg_xact_commit_timestamp(x.xid::xid8::xid) "
+                        "AS committed_at FROM unnest(%s::text[], %s::text[]) AS x(event_id, xid)",
+                        ([e for e, _ in commits], [x for _, x in commits]))
+            timed = ("FROM outbox.events e JOIN bench.commits t USING (event_id)")
             lat = sorted(float(x) for (x,) in self.db.sql(
-                "SELECT extract(epoch FROM published_at - created_at) * 1000 FROM outbox.events "
-                "WHERE key <> 'warm-up' ORDER BY id"))
+                f"SELECT extract(epoch FROM e.published_at - t.committed_at) * 1000 {timed}"))
+            if len(lat) != len(commits):
+                raise RuntimeError(f"latency: {len(lat)} of {len(commits)} events have a commit time and a row")
             # Where the time goes (outbox only: the baselines set no claimed_at): commit -> the
             # claim transaction's start (wake-up), and claim start -> ack (claim, produce, RTT).
             parts = self.db.sql(
-                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - created_at)), "
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - committed_at)), "
                 "percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - claimed_at)), "
-                "avg(n) FROM outbox.events e JOIN (SELECT claimed_at c, count(*) n FROM outbox.events "
-                "GROUP BY claimed_at) b ON b.c = e.claimed_at WHERE key <> 'warm-up'")[0]
+                f"avg(n) {timed} JOIN (SELECT claimed_at c, count(*) n FROM outbox.events "
+                "GROUP BY claimed_at) b ON b.c = e.claimed_at")[0]
             breakdown = None
             if parts[0] is not None:
                 breakdown = {"commit_to_claim_p50_ms": round(parts[0] * 1000, 2),
