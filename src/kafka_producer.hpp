@@ -67,8 +67,9 @@ void PrepareTopic(Producer *producer, const char *topic, int timeout_ms) noexcep
 // Enqueues message `index` of the batch. Returns 0, or the librdkafka error that refused it
 // locally (its result is then not waited for). Waits for queue space when the queue is full.
 int Produce(Producer *producer, int index, const Message &message) noexcept;
-// Asks librdkafka to send what is queued now instead of lingering.
-void SendNow(Producer *producer) noexcept;
+// Sends what is queued at once and waits up to max_wait_ms for its delivery reports (fewer when
+// all are in), serving them on the calling thread.
+void SendBatch(Producer *producer, int max_wait_ms) noexcept;
 // Serves delivery reports, errors and logs on the calling thread; never blocks.
 void Serve(Producer *producer) noexcept;
 // How many messages of the current batch have no report yet.

@@ -30,6 +30,9 @@ constexpr long kPurgeIntervalMs = 60000;
 constexpr int kMaxPurgeBatchesPerRound = 100;
 constexpr long kRepeatLogLineMs = 60000;
 constexpr int kTopicMetadataWaitMs = 2000;
+// How long the worker waits inside librdkafka for a batch's reports before its own wait loop
+// (latch, shutdown, postmaster death) takes over; a round trip or a few is the usual case.
+constexpr int kSendWaitMs = 100;
 
 // Per-process state (this process is one relay worker). Static, not on the stack, so the
 // recovery block's longjmp never skips it.
@@ -236,7 +239,7 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 			stopped_keys[n_stopped++] = e.key;
 		}
 	}
-	kafka::SendNow(producer);
+	kafka::SendBatch(producer, kSendWaitMs);
 
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), settings.publish_timeout_ms + kPublishWaitMarginMs);
 	bool shutdown_seen = false;
