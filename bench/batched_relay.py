@@ -5,7 +5,8 @@ the whole batch is produced asynchronously, flushed once, and recorded with one 
 COMMIT. Idempotent producer (acks=all), Nagle off. Sleeps 0.2 s when the queue is empty.
 
 Like seed_relay.py: outbox.events as the table, published_at = clock_timestamp() (the time the
-batch's acks are in), the cumulative count printed after each commit, SIGTERM stops it.
+batch's acks are in), "ready" printed once connected, then the cumulative count after each
+commit; SIGTERM stops it.
 
 Usage: batched_relay.py DSN BOOTSTRAP_SERVERS
 """
@@ -61,8 +62,10 @@ def main():
     dsn, bootstrap = sys.argv[1], sys.argv[2]
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
                          "linger.ms": 1, "socket.nagle.disable": True})
+    producer.list_topics(timeout=30)  # connected to the cluster before the harness times us
     published = 0
     with psycopg.connect(dsn, autocommit=True) as db:
+        print("ready", flush=True)
         while not stopping:
             n = relay_tick(db, producer)
             if n == 0:

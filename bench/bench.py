@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -29,25 +30,24 @@ from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_e
 
 WORKLOADS = ["drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead", "memory", "table_health"]
 
-# Sizes. FULL follows the issue except where the time budget of one run (about 35 minutes on a
+# Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
 # 2-core machine) forces a scale-down; RESULTS.md lists each one and why.
 FULL = {
     "drain_events": 100_000, "many_keys": 1000, "hot_keys": 10,
     "drain_workers": [1, 2, 4], "drain_rtts_ms": [0, 5],
     "baseline_window_s": 12,         # the seed-style relay runs this long on the full backlog
-    "hot_window_s": 20,              # the outbox relay and SQL floor on the hot-key backlog
     "memory_window_s": 150,          # at most this much of the 1M-event drain (RSS sampled)
     "burst_events": 40_000, "burst_seconds": 120,
     "latency_seconds": 60, "latency_interval_ms": 20, "latency_baseline_seconds": 30,
-    "pgbench_seconds": 8, "pgbench_clients": [1, 4],
+    "pgbench_seconds": 12, "pgbench_clients": [1, 4],
     "memory_events": 1_000_000,
-    "health_seconds": 360, "health_rate": 500, "health_retention": "10s",
+    "health_seconds": 300, "health_rate": 500, "health_retention": "10s",
     "rtt_ms": 5,
 }
 QUICK = {
     "drain_events": 3000, "many_keys": 100, "hot_keys": 10,
     "drain_workers": [1, 2], "drain_rtts_ms": [0, 5],
-    "baseline_window_s": 2, "hot_window_s": 3, "memory_window_s": 4,
+    "baseline_window_s": 2, "memory_window_s": 4,
     "burst_events": 600, "burst_seconds": 3,
     "latency_seconds": 3, "latency_interval_ms": 20, "latency_baseline_seconds": 2,
     "pgbench_seconds": 2, "pgbench_clients": [1],
@@ -107,6 +107,17 @@ class Bench:
             self.db.configure(0, self.mock.bootstrap, settings)
             self.seed_index_on(system in ("seed", "batched"))
         self.db.reset_outbox()
+
+    def cell(self, label, run):
+        """One measured cell; an error is recorded (results "errors") and the workload goes on
+        with its next cell instead of losing the rest."""
+        try:
+            return run()
+        except Exception as e:
+            traceback.print_exc()
+            self.results["errors"].append({"cell": label, "error": repr(e)})
+            self.save()
+            return None
 
     # -- one drain --------------------------------------------------------------------------
     def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False):
@@ -177,7 +188,7 @@ class Bench:
         else:
             relays = ExternalRelays(system, workers, db.dsn, self.mock.bootstrap)
             try:
-                time.sleep(1.0)  # connected and idle-polling, as in production
+                relays.wait_ready()  # connected and idle-polling, as in production
                 t0 = load(db, dataset, n, topic)
                 if window:
                     while time.time() < t0 + window and relays.published() < n:
@@ -224,8 +235,10 @@ class Bench:
         for r, system, w, rt in cells:
             label = f"drain-{system.replace('_', '-')}-w{w}-rtt{rt}-r{r}"
             window = s["baseline_window_s"] if system == "seed" else None
-            res = self.drain(system, w, rt, "ds_many", s["drain_events"], label, window=window,
-                             rss=system.startswith("outbox"))
+            res = self.cell(label, lambda: self.drain(system, w, rt, "ds_many", s["drain_events"], label,
+                                                      window=window, rss=system.startswith("outbox")))
+            if res is None:
+                continue
             res["run"] = r
             out.append(res)
             self.results["workloads"]["drain"] = out
@@ -233,9 +246,10 @@ class Bench:
         return out
 
     def w_hot_keys(self):
-        """The same number of events over 10 keys, one worker, RTT 5 ms. The outbox relay and
-        the SQL floor get a window (hot_window_s) on the full backlog: a full drain takes them
-        minutes (RESULTS.md)."""
+        """The same number of events over 10 keys, one worker, RTT 5 ms. Every relay drains the
+        whole backlog (the seed-style relay: baseline_window_s of it), with the topic read while
+        it runs: 10 keys put up to a fifth of the events on one partition, near the 5 MiB the
+        mock cluster keeps per partition."""
         s = self.sizes
         rtt = s["rtt_ms"]
         out = []
@@ -243,9 +257,11 @@ class Bench:
         cells += [(0, "batched"), (0, "seed"), (0, "floor"), (0, "outbox_jit_off")]
         for r, system in cells:
             label = f"hot-{system.replace('_', '-')}-w1-rtt{rtt}-r{r}"
-            window = {"seed": s["baseline_window_s"], "batched": None}.get(system, s["hot_window_s"])
-            res = self.drain(system, 1, rtt, "ds_hot", s["drain_events"], label, window=window,
-                             tail=(window is None))  # 10 keys: up to 3 keys' events on one partition
+            window = s["baseline_window_s"] if system == "seed" else None
+            res = self.cell(label, lambda: self.drain(system, 1, rtt, "ds_hot", s["drain_events"], label,
+                                                      window=window, tail=not system.startswith("floor")))
+            if res is None:
+                continue
             res["run"] = r
             out.append(res)
             self.results["workloads"]["hot_keys"] = out
@@ -256,7 +272,7 @@ class Bench:
         if system == "outbox":
             return None
         relays = ExternalRelays(system, workers, self.db.dsn, self.mock.bootstrap)
-        time.sleep(1.0)
+        relays.wait_ready()
         return relays
 
     def published_counter(self, system, relays):
@@ -267,7 +283,8 @@ class Bench:
 
     def w_burst(self):
         """Monthly renewal burst: events enqueued at a steady rate while the relay runs, two per
-        transaction (invoice.created and invoice.paid of one subscription)."""
+        transaction (invoice.created and invoice.paid of one subscription). An event's delay is
+        published_at - the wall clock when its transaction's COMMIT returned (as in idle_latency)."""
         s = self.sizes
         rtt = s["rtt_ms"]
         out = []
@@ -280,6 +297,7 @@ class Bench:
                 n_tx = s["burst_events"] // 2
                 interval = s["burst_seconds"] / n_tx
                 backlog = []
+                committed = []  # wall clock when transaction j's COMMIT returned
                 with self.db.connect(autocommit=False) as c:
                     start = time.monotonic()
                     t_first = time.time()
@@ -297,6 +315,7 @@ class Bench:
                                   (topic, key, f'{{"event": "invoice.paid", "subscription_id": "{key}", '
                                                f'"amount_cents": {1000 + j % 9000}, "currency": "EUR"}}'))
                         c.commit()
+                        committed.append(time.time())
                         el = time.monotonic() - start
                         if el >= next_sample:
                             backlog.append((round(el, 2), 2 * (j + 1) - published()))
@@ -317,7 +336,11 @@ class Bench:
                 if relays:
                     relays.stop()
             delays = sorted(float(x) for (x,) in self.db.sql(
-                "SELECT extract(epoch FROM published_at - created_at) * 1000 FROM outbox.events"))
+                "SELECT extract(epoch FROM e.published_at - to_timestamp(t.returned)) * 1000 FROM outbox.events e "
+                "JOIN unnest(%s::text[], %s::float8[]) AS t(key, returned) USING (key)",
+                ([f"sub-{j:06d}" for j in range(len(committed))], committed)))
+            if len(delays) != 2 * len(committed):
+                raise RuntimeError(f"burst {system}: {len(delays)} delays for {2 * len(committed)} events")
             t_end = last_published_epoch(self.db)
             res = {"system": system, "workers": 1, "rtt_ms": rtt, "events": n,
                    "enqueue_seconds": round(enqueue_seconds, 2), "offered_rate": round(n / enqueue_seconds, 1),
@@ -338,12 +361,14 @@ class Bench:
         return out
 
     def w_idle_latency(self):
-        """One event every 20 ms on an otherwise idle queue. Latency = published_at - the
-        enqueuing transaction's commit time, both on the server's clock: the commit time is
-        pg_xact_commit_timestamp() of that transaction (track_commit_timestamp on; created_at
-        would be its start, a WAL flush earlier); published_at is the time the relay had the
-        broker's ack (outbox: start of the record transaction that follows the batch's last
-        delivery report; baselines: clock_timestamp() in their UPDATE after flush)."""
+        """One event every 20 ms on an otherwise idle queue. Latency = published_at - the commit
+        time recorded by the test: the wall clock when the enqueue's autocommit statement returned,
+        i.e. after its commit record was flushed and the event became visible (the same clock as
+        the server's: one machine). published_at is the time the relay had the broker's ack
+        (outbox: start of the record transaction that follows the batch's last delivery report;
+        baselines: clock_timestamp() in their UPDATE after flush). Diagnostic: the same from the
+        commit record's own timestamp (pg_xact_commit_timestamp, track_commit_timestamp on),
+        which is taken before the commit's WAL flush and so includes it."""
         s = self.sizes
         rtt = s["rtt_ms"]
         out = []
@@ -352,7 +377,7 @@ class Bench:
             seconds = s["latency_seconds"] if system == "outbox" else s["latency_baseline_seconds"]
             self.prepare(system, 1, rtt, commit_timestamps=True)
             topic = self.mock.new_topic(f"latency-{system}-r{r}")
-            commits = []  # (event_id, xid of the enqueuing transaction)
+            commits = []  # (event_id, xid of the enqueuing transaction, wall clock when it returned)
             relays = self.start_system(system)
             try:
                 with self.db.connect() as c:
@@ -370,9 +395,10 @@ class Bench:
                         if delay > 0:
                             time.sleep(delay)
                         t = time.monotonic()
-                        commits.append(c.execute(
+                        row = c.execute(
                             "SELECT outbox.enqueue(%s, %s, %s::jsonb)::text, pg_current_xact_id()::text",
-                            (topic, f"acct-{i % 50}", f'{{"event": "payment.failed", "seq": {i}}}')).fetchone())
+                            (topic, f"acct-{i % 50}", f'{{"event": "payment.failed", "seq": {i}}}')).fetchone()
+                        commits.append((row[0], row[1], time.time()))
                         stmt_ms.append((time.monotonic() - t) * 1000)
                 common.wait_until(lambda: self.db.value(
                     "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "latency drained")
@@ -380,14 +406,17 @@ class Bench:
                 if relays:
                     relays.stop()
             self.db.sql("DROP TABLE IF EXISTS bench.commits")
-            self.db.sql("CREATE TABLE bench.commits AS SELECT x.event_id::uuid, pg_xact_commit_timestamp(x.xid::xid8::xid) "
-                        "AS committed_at FROM unnest(%s::text[], %s::text[]) AS x(event_id, xid)",
-                        ([e for e, _ in commits], [x for _, x in commits]))
+            self.db.sql("CREATE TABLE bench.commits AS SELECT x.event_id::uuid, to_timestamp(x.returned) AS committed_at, "
+                        "pg_xact_commit_timestamp(x.xid::xid8::xid) AS commit_record_at "
+                        "FROM unnest(%s::text[], %s::text[], %s::float8[]) AS x(event_id, xid, returned)",
+                        ([e for e, _, _ in commits], [x for _, x, _ in commits], [t for _, _, t in commits]))
             timed = ("FROM outbox.events e JOIN bench.commits t USING (event_id)")
             lat = sorted(float(x) for (x,) in self.db.sql(
                 f"SELECT extract(epoch FROM e.published_at - t.committed_at) * 1000 {timed}"))
             if len(lat) != len(commits):
                 raise RuntimeError(f"latency: {len(lat)} of {len(commits)} events have a commit time and a row")
+            from_commit_record = sorted(float(x) for (x,) in self.db.sql(
+                f"SELECT extract(epoch FROM e.published_at - t.commit_record_at) * 1000 {timed}"))
             # Where the time goes (outbox only: the baselines set no claimed_at): commit -> the
             # claim transaction's start (wake-up), and claim start -> ack (claim, produce, RTT).
             parts = self.db.sql(
@@ -406,6 +435,8 @@ class Bench:
                    "p99_ms": round(percentile(lat, 99), 2), "max_ms": round(lat[-1], 2),
                    "mean_ms": round(sum(lat) / len(lat), 2),
                    "enqueue_statement_p50_ms": round(percentile(sorted(stmt_ms), 50), 3),
+                   "from_commit_record_p50_ms": round(percentile(from_commit_record, 50), 2),
+                   "from_commit_record_p99_ms": round(percentile(from_commit_record, 99), 2),
                    "latencies_ms": [round(x, 2) for x in lat],
                    "verify": verify(self.db, self.mock, topic)}
             v = res["verify"]
@@ -458,9 +489,12 @@ class Bench:
         env = dict(os.environ, PGOPTIONS="-c pg_stat_statements.track=none")
         out = []
         try:
+            variants = ["plain", "outbox", "shape"]
             for r in range(self.runs):
                 for clients in s["pgbench_clients"]:
-                    for variant in ("plain", "outbox", "shape"):
+                    # Each run starts with another variant, so that no variant always runs first
+                    # after the CHECKPOINT or last in a noisy spell.
+                    for variant in variants[r % 3:] + variants[:r % 3]:
                         db.sql("TRUNCATE bench.invoices, bench.plain_events, bench.events_shape, outbox.events")
                         db.sql("CHECKPOINT")
                         cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
@@ -487,7 +521,7 @@ class Bench:
             plain = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "plain"])
             ob = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "outbox"])
             shape = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "shape"])
-            summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob, "shape_tps": shape,
+            summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob, "shape_tps": shape, "runs": self.runs,
                                      "overhead_pct": round(100 * (1 - ob / plain), 1),
                                      "shape_overhead_pct": round(100 * (1 - shape / plain), 1)}
             log(f"  enqueue overhead, {clients} client(s): {summary[str(clients)]['overhead_pct']}% "
@@ -501,7 +535,8 @@ class Bench:
 
     def w_memory(self):
         """Worker memory while draining a large backlog (one worker, RTT 5 ms), sampled every
-        0.5 s over memory_window_s of the drain."""
+        0.5 s over (at most) memory_window_s of the drain; --runs runs. The workload's record is
+        the run with the median peak VmRSS (its timeline is the chart), plus every run's peaks."""
         s = self.sizes
         n = s["memory_events"]
         db = self.db
@@ -512,26 +547,59 @@ class Bench:
                "d.payload, d.headers FROM bench.ds_many d, generate_series(0, %s) g WHERE g * %s + d.n <= %s",
                (base, copies - 1, base, n))
         db.sql("CREATE UNIQUE INDEX ON bench.ds_big (n)")
-        db.configure(0)  # so that the relay starts afresh below (VmHWM is per process)
-        res = self.drain("outbox", 1, s["rtt_ms"], "ds_big", n, "memory-outbox-w1", window=s["memory_window_s"],
-                         rss=True, tail=True)
-        res["table_size_mb"] = round(db.value("SELECT pg_total_relation_size('outbox.events')") / 1048576, 1)
-        res["shared_buffers"] = db.value("SHOW shared_buffers")
+        runs = []
+        for r in range(self.runs):
+            db.configure(0)  # so that the relay starts afresh below (VmHWM is per process)
+            label = f"memory-outbox-w1-r{r}"
+            res = self.cell(label, lambda: self.drain("outbox", 1, s["rtt_ms"], "ds_big", n, label,
+                                                      window=s["memory_window_s"], rss=True, tail=True))
+            if res is not None:
+                res["run"] = r
+                res["table_size_mb"] = round(db.value("SELECT pg_total_relation_size('outbox.events')") / 1048576, 1)
+                runs.append(res)
+            db.reset_outbox()
         db.sql("DROP TABLE bench.ds_big")
-        db.reset_outbox()
+        if not runs:
+            raise RuntimeError("memory: no run completed")
+        by_rss = sorted(runs, key=lambda x: x["memory"]["peak_vmrss_mb"])
+        res = dict(by_rss[len(by_rss) // 2])
+        res["shared_buffers"] = db.value("SHOW shared_buffers")
+        res["runs"] = [{"run": x["run"], "rate": x["rate"], "published": x["published"], "verify": x["verify"],
+                        "system": x["system"],
+                        **{k: x["memory"][k] for k in ("peak_vmrss_mb", "peak_private_mb", "peak_rss_anon_mb",
+                                                       "peak_rss_file_mb", "peak_rss_shmem_mb")}}
+                       for x in runs]
         self.results["workloads"]["memory"] = res
         self.save()
         m = res["memory"]
-        log(f"  memory: worker peak VmRSS {m['peak_vmrss_mb']} MB = private (anon {m['peak_rss_anon_mb']} MB + "
-            f"file {m['peak_rss_file_mb']} MB) + shared memory pages {m['peak_rss_shmem_mb']} MB")
+        log(f"  memory (median of {len(runs)} runs): worker peak VmRSS {m['peak_vmrss_mb']} MB = private (anon "
+            f"{m['peak_rss_anon_mb']} MB + file {m['peak_rss_file_mb']} MB) + shared memory pages "
+            f"{m['peak_rss_shmem_mb']} MB")
         return res
 
     def w_table_health(self):
-        """Sustained load with retention on: size of outbox.events and its indexes over time."""
+        """Sustained load with retention on, --runs runs: the workload's record is the run with
+        the median growth (its timeline is the chart), plus every run's figures."""
+        runs = []
+        for r in range(self.runs):
+            res = self.cell(f"table-health-r{r}", lambda: self.table_health_run(r))
+            if res is not None:
+                runs.append(res)
+        if not runs:
+            raise RuntimeError("table health: no run completed")
+        by_growth = sorted(runs, key=lambda x: x["growth_last_vs_middle_pct"])
+        res = dict(by_growth[len(by_growth) // 2])
+        res["runs"] = [{k: v for k, v in x.items() if k != "samples"} for x in runs]
+        self.results["workloads"]["table_health"] = res
+        self.save()
+        return res
+
+    def table_health_run(self, r):
+        """Size of outbox.events and its indexes over time under a steady enqueue rate."""
         s = self.sizes
         db = self.db
         self.prepare("outbox", 1, s["rtt_ms"], retention=s["health_retention"])
-        topic = self.mock.new_topic("health")
+        topic = self.mock.new_topic(f"health-r{r}")
         rate = s["health_rate"]
         per_tx = 10
         interval = per_tx / rate
@@ -577,17 +645,15 @@ class Bench:
             xs = [x["total_bytes"] for x in samples if lo <= x["t"] < hi]
             return max(xs) if xs else None
         mid, last = peak(third, 2 * third), peak(2 * third, s["health_seconds"] + 1)
-        res = {"events": enqueued, "rate": rate, "seconds": s["health_seconds"],
+        res = {"run": r, "events": enqueued, "rate": rate, "seconds": s["health_seconds"],
                "retention": s["health_retention"], "purge_interval_s": 60, "samples": samples,
                "peak_total_mb_middle_third": round(mid / 1048576, 2) if mid else None,
                "peak_total_mb_last_third": round(last / 1048576, 2) if last else None,
                "growth_last_vs_middle_pct": round(100 * (last / mid - 1), 1) if mid and last else None,
                "final_rows": samples[-1]["rows"] if samples else None}
-        log(f"  table health: {enqueued} events at {rate}/s with retention {s['health_retention']}: "
+        log(f"  table health run {r}: {enqueued} events at {rate}/s with retention {s['health_retention']}: "
             f"peak table+index {res['peak_total_mb_middle_third']} MB in the middle third, "
             f"{res['peak_total_mb_last_third']} MB in the last third")
-        self.results["workloads"]["table_health"] = res
-        self.save()
         return res
 
     # -- the run ------------------------------------------------------------------------------
@@ -608,12 +674,14 @@ class Bench:
         self.results["flushbench"] = fb
         print(fb["output"])
         print(fb["details"])
-        self.mock = Mock()
-        self.db = Postgres()
-        self.results["meta"]["postgres_settings"] = dict(
-            self.db.sql("SELECT name, setting FROM pg_settings WHERE name IN ('shared_buffers', 'fsync', "
-                        "'synchronous_commit', 'jit', 'autovacuum_naptime', 'max_wal_size', 'wal_level')"))
+        # SIGTERM (a stopped run) must still stop the cluster and the mock below.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         try:
+            self.mock = Mock()
+            self.db = Postgres()
+            self.results["meta"]["postgres_settings"] = dict(
+                self.db.sql("SELECT name, setting FROM pg_settings WHERE name IN ('shared_buffers', 'fsync', "
+                            "'synchronous_commit', 'jit', 'autovacuum_naptime', 'max_wal_size', 'wal_level')"))
             s = self.sizes
             if set(selected) & {"drain", "memory", "burst", "idle_latency"}:
                 log(f"data set: {s['drain_events']} events over {s['many_keys']} keys")
@@ -635,8 +703,13 @@ class Bench:
             if self.db:
                 # The whole server log (autovacuum runs, relay messages) goes with the results.
                 shutil.copy(self.db.pg.log_path, self.out / "postgres.log")
-            self.db.stop()
-            self.mock.close()
+                self.db.stop()
+            if self.mock:
+                # Proof that the mock the timings ran against had TCP_NODELAY on every socket.
+                try:
+                    self.results["mock_sockets"] = self.mock.sockets()
+                finally:
+                    self.mock.close()
         import report
         self.results["summary"], self.results["targets"] = report.summarize(self.results)
         self.save()

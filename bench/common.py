@@ -78,6 +78,7 @@ class Postgres:
         self.pg = PgCluster(settings=settings)
         self.pg.init().start().setup_database()
         self.workers = 0
+        self._monitor = None
         self.current = {"outbox.workers": "0"}
         self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.sql("CREATE SCHEMA IF NOT EXISTS bench")
@@ -132,7 +133,20 @@ class Postgres:
         return [r[1] for r in self.pg.workers() if r[1]]
 
     def published_by_workers(self):
-        return sum(r[3] or 0 for r in self.pg.workers())
+        """The workers' published counters (shared memory, via outbox.workers), over one kept
+        connection: polled every 50 ms during a drain, a new connection per poll would cost the
+        server a process start each time, paid by the outbox runs only."""
+        for attempt in (0, 1):
+            try:
+                if self._monitor is None or self._monitor.closed:
+                    self._monitor = self.connect()
+                return int(self._monitor.execute(
+                    "SELECT coalesce(sum(published), 0) FROM outbox.workers").fetchone()[0])
+            except psycopg.OperationalError:
+                self._monitor = None  # the server was restarted since
+                if attempt:
+                    raise
+        return 0
 
     def relay_statement_times(self):
         """Mean execution time (ms) and calls of the relay's claim and record statements since the
@@ -145,6 +159,8 @@ class Postgres:
         return out
 
     def stop(self):
+        if self._monitor is not None:
+            self._monitor.close()
         self.pg.cleanup()
 
 
@@ -223,6 +239,10 @@ class Mock:
         name = f"{prefix}-{self.topics}"
         self.mc.create_topic(name, PARTITIONS)
         return name
+
+    def sockets(self):
+        """{"accepted": broker connections accepted, "nodelay": of which with TCP_NODELAY on}."""
+        return self.mc.stats()
 
     def close(self):
         self.mc.close()
@@ -432,6 +452,7 @@ class ExternalRelays:
         self.procs = [subprocess.Popen([PYTHON, str(script), dsn, bootstrap], stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True) for _ in range(n)]
         self.counts = [0] * n
+        self.ready = [False] * n
         self.threads = []
         for i, p in enumerate(self.procs):
             t = threading.Thread(target=self._read, args=(i, p), daemon=True)
@@ -443,6 +464,16 @@ class ExternalRelays:
             line = line.strip()
             if line.isdigit():
                 self.counts[i] = int(line)
+            elif line == "ready":
+                self.ready[i] = True
+
+    def wait_ready(self, timeout=60.0):
+        """Until every relay has connected to PostgreSQL and the brokers (it prints "ready"), so
+        that no start-up time falls into a timed interval."""
+        def ready():
+            self.published()  # raises if one died
+            return all(self.ready)
+        wait_until(ready, timeout, "baseline relays ready")
 
     def published(self):
         for p in self.procs:
@@ -463,7 +494,8 @@ class ExternalRelays:
 
 
 def wait_drained(published, n, timeout, what):
-    """Polls published() (cheap: shared memory or the relays' own counters) until it reaches n."""
+    """Polls published() (one kept connection reading shared memory, or the relays' own
+    counters) until it reaches n."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if published() >= n:

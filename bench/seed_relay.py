@@ -11,7 +11,8 @@ Differences from the article, all forced by the benchmark and none touching the 
     'published' and sent_at is published_at;
   - published_at = clock_timestamp(), not now(): now() is the transaction start, i.e. the claim
     time of the whole batch, while the latency figures need the time of each row's broker ack;
-  - the cumulative number of published rows is printed after each commit (for the harness);
+  - it prints "ready" once connected to PostgreSQL and the brokers, then the cumulative number of
+    published rows after each commit (for the harness);
   - SIGTERM stops it after the current tick.
 
 Usage: seed_relay.py DSN BOOTSTRAP_SERVERS
@@ -92,8 +93,11 @@ def main():
         stopping = True
     signal.signal(signal.SIGTERM, stop)
     dsn, bootstrap = sys.argv[1], sys.argv[2]
+    broker = Broker(bootstrap)
+    broker.producer.list_topics(timeout=30)  # connected to the cluster before the harness times us
     with psycopg.connect(dsn, autocommit=True) as db:
-        relay_forever(db, Broker(bootstrap))
+        print("ready", flush=True)
+        relay_forever(db, broker)
 
 
 if __name__ == "__main__":

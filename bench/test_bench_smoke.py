@@ -2,7 +2,7 @@
 bench does not rot. It asserts what the bench must always get right (every workload ran, nothing
 lost, the outbox relay kept per-key order, the charts were drawn), never a timing.
 
-Lives in bench/, not test/, so that it runs only when asked for:
+test/run runs it after the integration tests; alone:
     /usr/bin/python3 -m pytest bench/test_bench_smoke.py -p no:cacheprovider
 It needs what test/run sets up (packages, the extension built and installed)."""
 
@@ -24,13 +24,16 @@ def test_bench_quick_smoke(tmp_path):
     workloads = results["workloads"]
     assert set(workloads) == WORKLOADS
 
-    # The mock cluster's flush check ran and shows the TCP_NODELAY fix.
+    # The flush check ran (its times are reported, not asserted), and the mock cluster every
+    # timing ran against had TCP_NODELAY on each broker connection it accepted.
     fb = results["flushbench"]
-    assert fb["nodelay_ms"] is not None and fb["nodelay_ms"] < fb["stock_ms"], fb
+    assert fb["nodelay_ms"] is not None and fb["stock_ms"] is not None, fb
+    sockets = results["mock_sockets"]
+    assert sockets["accepted"] > 0 and sockets["nodelay"] == sockets["accepted"], sockets
 
     # Every relay, every verified run: nothing lost, nothing left unpublished, nothing unexpected.
     runs = [r for name in ("drain", "hot_keys", "burst", "idle_latency") for r in workloads[name]]
-    runs.append(workloads["memory"])
+    runs += workloads["memory"]["runs"]
     verified = [r for r in runs if r.get("verify")]
     assert len(verified) >= 20
     for r in verified:
@@ -42,7 +45,7 @@ def test_bench_quick_smoke(tmp_path):
     assert {r["system"] for r in workloads["drain"]} >= {"outbox", "batched", "seed", "floor"}
 
     assert workloads["enqueue_overhead"]["summary"]
-    assert workloads["memory"]["memory"]["samples"] > 0
+    assert workloads["memory"]["memory"]["samples"] > 0 and workloads["memory"]["runs"]
     assert workloads["table_health"]["samples"]
     assert {t["target"] for t in results["targets"]}
     for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png"):
