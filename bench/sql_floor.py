@@ -55,6 +55,8 @@ DECLARE
 BEGIN
 	LOOP
 		v_ids := '{{}}';
+		-- The relay commits its claims without waiting for the WAL flush (relay_sql.cpp).
+		PERFORM set_config('synchronous_commit', 'off', true);
 		-- claim (src/relay_sql.cpp kClaimSql)
 		FOR r IN {claim}
 		LOOP
