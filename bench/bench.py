@@ -168,8 +168,6 @@ class Bench:
                 try:
                     with db.connect() as c:
                         c.execute("SET application_name = 'bench sql floor'")
-                        # As the relay runs its statements: generic plans (relay_sql.cpp PlanOf).
-                        c.execute("SET plan_cache_mode = force_generic_plan")
                         c.execute("CALL bench.sql_floor(%s, %s, %s, %s)", (workers, i, batch_size, max_bytes))
                 except psycopg.errors.QueryCanceled:
                     pass  # end of the window; claim and record commit separately, nothing half-done

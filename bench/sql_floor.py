@@ -69,6 +69,8 @@ BEGIN
 		v_partitions := array_fill(0, ARRAY[v_n]);
 		v_offsets := ARRAY(SELECT generate_series(1, v_n)::bigint);
 		v_errors := array_fill(NULL::text, ARRAY[v_n]);
+		-- The relay runs its record statement's generic plan (relay_sql.cpp record_stmt).
+		PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
 		-- record (src/relay_sql.cpp kRecordSql)
 		FOR r IN {record}
 		LOOP
