@@ -42,6 +42,8 @@ const char *const kReservedProperties[][2] = {
     {"max.in.flight.requests.per.connection", "the idempotent producer sets it"},
     {"max.in.flight", "the idempotent producer sets it"},
     {"log.queue", "the relay serves logs on its own thread"},
+    {"linger.ms", "the relay holds each batch and sends it in one go"},
+    {"queue.buffering.max.ms", "the relay holds each batch and sends it in one go"},
     {"partitioner", "the relay places keys like the Java client (murmur2_random)"},
     {"internal.termination.signal", "a signal handler would replace PostgreSQL's"},
 };

@@ -218,6 +218,12 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	// not sent either: they would overtake it. They go back to pending untouched.
 	const char **stopped_keys = static_cast<const char **>(palloc0(sizeof(char *) * n));
 	int n_stopped = 0;
+	// Topic metadata first: a first look-up is a broker round trip, and made inside the produce
+	// loop it would let the messages already produced linger out and leave in a request of their
+	// own (a partition's share of the batch must travel in one request, DESIGN.md).
+	for (int i = 0; i < n; i++) {
+		kafka::PrepareTopic(producer, batch.events[i].topic, kTopicMetadataWaitMs);
+	}
 	for (int i = 0; i < n; i++) {
 		const ClaimedEvent &e = batch.events[i];
 		outcomes[i] = Outcome::Requeued;
@@ -232,7 +238,6 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		if (behind_refused) {
 			continue;
 		}
-		kafka::PrepareTopic(producer, e.topic, kTopicMetadataWaitMs);
 		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
 		int err = kafka::Produce(producer, i, m);
 		if (err != 0 && e.key) {
@@ -509,6 +514,14 @@ Attach(int index) {
 	// The claim's generic plan is costed high on a large backlog, which would make LLVM JIT
 	// compile it on every execution: measured, that made the claim 6 times slower.
 	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
+	// The claim's synchronous commit is the durability barrier for what it publishes: it flushes
+	// the WAL up to its own commit record (and waits for synchronous standbys), which covers the
+	// commit of every enqueue the claim saw, even one made with synchronous_commit = off. An
+	// asynchronous claim could publish an event whose business transaction a crash then undoes.
+	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
+	// The record statement is prepared for its generic plan (relay_sql.cpp); a server-wide
+	// plan_cache_mode would override that choice.
+	SetConfigOption("plan_cache_mode", "auto", PGC_SUSET, PGC_S_OVERRIDE);
 }
 
 void

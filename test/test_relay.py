@@ -314,6 +314,7 @@ def test_unknown_kafka_property_is_reported_without_crash_loop(mock_cluster, mak
 @pytest.mark.parametrize("properties,message", [
     ("enable.idempotence=false", "the relay needs the idempotent producer"),
     ("partitioner=random", "places keys like the Java client"),
+    ("linger.ms=5", "holds each batch and sends it in one go"),
     ("acks", "is not name=value"),
 ])
 def test_kafka_properties_that_break_guarantees_are_refused(mock_cluster, make_relay, properties, message):
