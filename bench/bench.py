@@ -572,7 +572,7 @@ class Bench:
         self.results["workloads"]["memory"] = res
         self.save()
         m = res["memory"]
-        log(f"  memory (median of {len(runs)} runs): worker peak VmRSS {m['peak_vmrss_mb']} MB = private (anon "
+        log(f"  memory (the run with the median VmRSS of {len(runs)}): worker peak VmRSS {m['peak_vmrss_mb']} MB = (anon "
             f"{m['peak_rss_anon_mb']} MB + file {m['peak_rss_file_mb']} MB) + shared memory pages "
             f"{m['peak_rss_shmem_mb']} MB")
         return res
