@@ -108,16 +108,21 @@ class Bench:
             self.seed_index_on(system in ("seed", "batched"))
         self.db.reset_outbox()
 
-    def cell(self, label, run):
-        """One measured cell; an error is recorded (results "errors") and the workload goes on
-        with its next cell instead of losing the rest."""
+    def cell(self, label, run, kind="cell"):
+        """One measured cell (or a whole workload); an error is recorded (results "errors") and
+        the run goes on with the next one instead of losing the rest."""
         try:
             return run()
         except Exception as e:
             traceback.print_exc()
-            self.results["errors"].append({"cell": label, "error": repr(e)})
+            self.results["errors"].append({kind: label, "error": repr(e)})
             self.save()
             return None
+
+    @staticmethod
+    def median_run(runs, key):
+        """A copy of the run with the median `key`: its timeline is the one charted."""
+        return dict(sorted(runs, key=key)[len(runs) // 2])
 
     # -- one drain --------------------------------------------------------------------------
     def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False):
@@ -561,8 +566,7 @@ class Bench:
         db.sql("DROP TABLE bench.ds_big")
         if not runs:
             raise RuntimeError("memory: no run completed")
-        by_rss = sorted(runs, key=lambda x: x["memory"]["peak_vmrss_mb"])
-        res = dict(by_rss[len(by_rss) // 2])
+        res = self.median_run(runs, key=lambda x: x["memory"]["peak_vmrss_mb"])
         res["shared_buffers"] = db.value("SHOW shared_buffers")
         res["runs"] = [{"run": x["run"], "rate": x["rate"], "published": x["published"], "verify": x["verify"],
                         "system": x["system"],
@@ -587,8 +591,7 @@ class Bench:
                 runs.append(res)
         if not runs:
             raise RuntimeError("table health: no run completed")
-        by_growth = sorted(runs, key=lambda x: x["growth_last_vs_middle_pct"])
-        res = dict(by_growth[len(by_growth) // 2])
+        res = self.median_run(runs, key=lambda x: x["growth_last_vs_middle_pct"])
         res["runs"] = [{k: v for k, v in x.items() if k != "samples"} for x in runs]
         self.results["workloads"]["table_health"] = res
         self.save()
@@ -691,12 +694,7 @@ class Bench:
                 make_dataset(self.db, "ds_hot", s["drain_events"], s["hot_keys"])
             for w in selected:
                 log(f"== {w}")
-                try:
-                    getattr(self, "w_" + w)()
-                except Exception as e:
-                    traceback.print_exc()
-                    self.results["errors"].append({"workload": w, "error": repr(e)})
-                    self.save()
+                self.cell(w, getattr(self, "w_" + w), kind="workload")
         finally:
             self.results["meta"]["duration_s"] = round(time.time() - started, 1)
             self.results["meta"]["loadavg_at_end"] = os.getloadavg()

@@ -133,12 +133,12 @@ InsertPlan(bool caller_event_id) {
 	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0];
 	if (plan == nullptr) {
 		Oid types[6] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID};
-		SPIPlanPtr p = SPI_prepare(caller_event_id
-		                               ? "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
-		                                 "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING RETURNING lane"
-		                               : "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
-		                                 "VALUES ($1, $2, $3, $4, $5, $6) RETURNING lane",
+#define OUTBOX_INSERT "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) " \
+	                      "VALUES ($1, $2, $3, $4, $5, $6) "
+		SPIPlanPtr p = SPI_prepare(caller_event_id ? OUTBOX_INSERT "ON CONFLICT (event_id) DO NOTHING RETURNING lane"
+		                                           : OUTBOX_INSERT "RETURNING lane",
 		                           6, types);
+#undef OUTBOX_INSERT
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
 		}

@@ -98,7 +98,7 @@ public:
 	std::string fatal_reason;
 	int broker_up = -1;
 	std::deque<std::pair<int, std::string>> log_lines;
-	std::set<std::string> known_topics;
+	std::set<std::string, std::less<>> known_topics; // std::less<>: looked up by const char *, no copy
 
 	void AddLogLine(int level, std::string line) {
 		if (log_lines.size() >= kMaxBufferedLogLines) {
@@ -329,10 +329,12 @@ BeginBatch(Producer *p, int n) noexcept {
 
 void
 PrepareTopic(Producer *p, const char *topic, int timeout_ms) noexcept {
+	// Called for every event of a batch: a topic already seen is found without a string copy.
+	if (p->known_topics.find(topic) != p->known_topics.end()) {
+		return;
+	}
 	try {
-		if (!p->known_topics.insert(topic).second) {
-			return;
-		}
+		p->known_topics.emplace(topic);
 	} catch (const std::bad_alloc &) {
 		return; // only an optimisation
 	}
