@@ -13,7 +13,7 @@ DATA        = $(wildcard sql/outbox--*.sql)
 
 # pg_regress inputs live in sql/ beside the extension scripts (design card); only the names listed
 # here run. The temp instance preloads the library, which `make check` cannot do for PGXS builds.
-REGRESS      = setup enqueue event_id admin views privileges settings upgrade
+REGRESS      = setup enqueue event_id admin views privileges settings table_checks upgrade
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=test/regress.conf --load-extension=outbox
 ISOLATION      = enqueue_same_event_id
 ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso --temp-config=test/regress.conf \
@@ -28,6 +28,11 @@ PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initiali
 PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server)
 ifeq ($(ERROR_ON_WARNING),1)
 PG_CXXFLAGS += -Werror
+endif
+# TEST_SEAMS=1 (the test command) compiles in the fault injection the tests use
+# (outbox.test_crash_after_ack). Release builds have none of it. Switching needs `make clean`.
+ifeq ($(TEST_SEAMS),1)
+PG_CPPFLAGS += -DOUTBOX_TEST_SEAMS
 endif
 # PGXS links modules with $(CC), so the C++ runtime is named explicitly.
 SHLIB_LINK  = -lrdkafka -lstdc++

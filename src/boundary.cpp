@@ -7,7 +7,6 @@ namespace outbox::detail {
 void
 CopyCaught(CaughtError &out, const char *where, const std::exception *e) noexcept {
 	out.sqlstate = ERRCODE_INTERNAL_ERROR;
-	out.hint[0] = '\0';
 	snprintf(out.message, sizeof(out.message), "%s: %s", where,
 	         e ? e->what() : "unknown C++ exception");
 }
@@ -19,9 +18,6 @@ RaiseCaught(const CaughtError &error, sigjmp_buf *saved_exception_stack) {
 	if (PG_exception_stack != saved_exception_stack) {
 		PG_exception_stack = saved_exception_stack;
 		elog(WARNING, "outbox: a C++ exception crossed a PG_TRY block; exception stack restored");
-	}
-	if (error.hint[0] != '\0') {
-		ereport(ERROR, (errcode(error.sqlstate), errmsg("%s", error.message), errhint("%s", error.hint)));
 	}
 	ereport(ERROR, (errcode(error.sqlstate), errmsg("%s", error.message)));
 	pg_unreachable();

@@ -19,35 +19,12 @@
 
 namespace outbox {
 
-// An error for the SQL user, thrown from C++ code that has no business calling ereport itself.
-class UserError : public std::exception {
-public:
-	UserError(int sqlstate, const char *message, const char *hint = nullptr) noexcept
-	    : sqlstate_(sqlstate), message_(message), hint_(hint) {
-	}
-	const char *what() const noexcept override {
-		return message_;
-	}
-	int sqlstate() const noexcept {
-		return sqlstate_;
-	}
-	const char *hint() const noexcept {
-		return hint_;
-	}
-
-private:
-	int sqlstate_;
-	const char *message_; // static strings only: the exception must not own memory
-	const char *hint_;
-};
-
 namespace detail {
 
 // Plain buffers that outlive the catch block.
 struct CaughtError {
 	int sqlstate;
 	char message[512];
-	char hint[256];
 };
 
 void CopyCaught(CaughtError &out, const char *where, const std::exception *e) noexcept;
@@ -63,12 +40,6 @@ CallFromPostgres(const char *where, Body body, Args... args) -> decltype(body(ar
 	sigjmp_buf *saved_exception_stack = PG_exception_stack;
 	try {
 		return body(args...);
-	} catch (const UserError &e) {
-		detail::CopyCaught(error, where, &e);
-		error.sqlstate = e.sqlstate();
-		if (e.hint()) {
-			strlcpy(error.hint, e.hint(), sizeof(error.hint));
-		}
 	} catch (const std::exception &e) {
 		detail::CopyCaught(error, where, &e);
 	} catch (...) {

@@ -1,7 +1,10 @@
 // DROP DATABASE of the relay's own database: the relay workers are connected to it, and a
 // plain DROP DATABASE refuses while other sessions are. A utility hook stops them first; the
 // postmaster starts them again after bgw_restart_time, when the database is gone, and they wait
-// for it (worker.cpp, missing database).
+// for it (worker.cpp, missing database). It stops them only for a DROP DATABASE that will go
+// ahead as far as the hook can tell: by the database's owner or a superuser, as a top-level
+// statement outside a transaction block. Anyone else's DROP DATABASE (which then fails) must
+// not be a way to restart the relay.
 #include "drop_database.hpp"
 
 #include "boundary.hpp"
@@ -51,12 +54,27 @@ StopRelayWorkers() {
 	}
 }
 
+// The checks standard_ProcessUtility and dropdb() make before they would drop anything.
+bool
+DropWillProceed(const DropdbStmt *stmt, ProcessUtilityContext context) {
+	if (shared == nullptr || strcmp(stmt->dbname, settings.database) != 0) {
+		return false;
+	}
+	if (context != PROCESS_UTILITY_TOPLEVEL || IsTransactionBlock() || IsSubTransaction()) {
+		return false; // "DROP DATABASE cannot run inside a transaction block" / a function
+	}
+	Oid db = get_database_oid(stmt->dbname, true);
+	if (!OidIsValid(db) || db == MyDatabaseId) {
+		return false; // IF EXISTS of nothing, or "cannot drop the currently open database"
+	}
+	return superuser() || OutboxDatabaseOwnerCheck(db, GetUserId());
+}
+
 void
 OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
           ParamListInfo params, QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *qc) {
 	Node *stmt = pstmt->utilityStmt;
-	if (IsA(stmt, DropdbStmt) && shared != nullptr &&
-	    strcmp(reinterpret_cast<DropdbStmt *>(stmt)->dbname, settings.database) == 0) {
+	if (IsA(stmt, DropdbStmt) && DropWillProceed(reinterpret_cast<DropdbStmt *>(stmt), context)) {
 		ereport(LOG, (errmsg("outbox: stopping the relay workers for DROP DATABASE \"%s\"", settings.database)));
 		StopRelayWorkers();
 	}

@@ -9,9 +9,6 @@ namespace {
 
 enum class PayloadKind { Jsonb, Text, Bytea };
 
-// Header names the relay sets itself.
-const char *const kReservedHeader = "event_id";
-
 // Workers to wake at commit: one bit per worker that owns a lane this transaction wrote to.
 uint32 wake_mask = 0;
 bool xact_callback_registered = false;
@@ -57,6 +54,31 @@ ValidateTopic(text *topic) {
 		                errmsg("invalid Kafka topic name \"%s\"", text_to_cstring(topic)), errdetail("%s.", problem),
 		                errhint("Use 1 to 249 characters of [a-zA-Z0-9._-], e.g. 'billing.invoice-events'.")));
 	}
+	if (!outbox::TopicAllowed(name, len)) {
+		ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+		                errmsg("topic \"%s\" is not in outbox.allowed_topics", text_to_cstring(topic)),
+		                errhint("The server's outbox.allowed_topics lists the topics events may go to.")));
+	}
+}
+
+// Text as the UTF-8 bytes Kafka clients expect (the result may be `data` itself). A SQL_ASCII
+// database stores any bytes in text: what is not UTF-8 is refused here rather than published.
+const char *
+Utf8Of(const char *what, const char *data, int len, int *out_len) {
+	if (GetDatabaseEncoding() == PG_SQL_ASCII) {
+		if (!pg_verify_mbstr(PG_UTF8, data, len, true)) {
+			ereport(ERROR, (errcode(ERRCODE_CHARACTER_NOT_IN_REPERTOIRE), errmsg("%s is not valid UTF-8", what),
+			                errdetail("The database encoding is SQL_ASCII, which stores any bytes; Kafka records "
+			                          "carry UTF-8 text."),
+			                errhint("Pass UTF-8 text, or the payload as bytea for binary data.")));
+		}
+		*out_len = len;
+		return data;
+	}
+	// Raises "character has no equivalent in UTF8" for a character without a mapping.
+	const char *utf8 = pg_server_to_any(data, len, PG_UTF8);
+	*out_len = utf8 == data ? len : int(strlen(utf8));
+	return utf8;
 }
 
 // Headers: NULL, or a JSON object whose values are all strings.
@@ -72,12 +94,14 @@ ValidateHeaders(Jsonb *headers, int64 *bytes) {
 	bool expect_value = false;
 	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE) {
 		if (token == WJB_KEY) {
-			if (v.val.string.len == int(strlen(kReservedHeader)) &&
-			    memcmp(v.val.string.val, kReservedHeader, v.val.string.len) == 0) {
+			if (v.val.string.len == int(strlen(outbox::kEventIdHeader)) &&
+			    memcmp(v.val.string.val, outbox::kEventIdHeader, v.val.string.len) == 0) {
 				InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "header \"event_id\" is reserved",
 				             "The relay sets the event_id header on every record itself.",
 				             "Pass the id as the event_id argument instead.");
 			}
+			int ignored;
+			Utf8Of("a header name", v.val.string.val, v.val.string.len, &ignored);
 			*bytes += v.val.string.len;
 			expect_value = true;
 		} else if (token == WJB_VALUE && expect_value) {
@@ -86,6 +110,8 @@ ValidateHeaders(Jsonb *headers, int64 *bytes) {
 				             "A header value is not a JSON string.",
 				             "Kafka headers are byte strings: convert numbers and objects to text first.");
 			}
+			int ignored;
+			Utf8Of("a header value", v.val.string.val, v.val.string.len, &ignored);
 			*bytes += v.val.string.len;
 			expect_value = false;
 		}
@@ -113,10 +139,7 @@ PayloadBytes(Datum payload, PayloadKind kind) {
 		break;
 	}
 	}
-	const char *utf8 = pg_server_to_any(data, len, PG_UTF8);
-	if (utf8 != data) {
-		len = int(strlen(utf8));
-	}
+	const char *utf8 = Utf8Of("the payload", data, len, &len);
 	bytea *out = static_cast<bytea *>(palloc(VARHDRSZ + len));
 	SET_VARSIZE(out, VARHDRSZ + len);
 	memcpy(VARDATA(out), utf8, len);
@@ -159,7 +182,14 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 
 	bool key_null = PG_ARGISNULL(1);
 	bool payload_null = PG_ARGISNULL(2);
-	int64 bytes = key_null ? 0 : VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1));
+	text *key = key_null ? nullptr : PG_GETARG_TEXT_PP(1);
+	int64 bytes = 0;
+	if (key) {
+		// Stored as given (its lane is a hash of these bytes); the relay publishes it as UTF-8.
+		int utf8_len;
+		Utf8Of("the key", VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), &utf8_len);
+		bytes += utf8_len;
+	}
 
 	// A NULL payload is a Kafka tombstone (deletes the key in a compacted topic); without a key
 	// it would mean nothing, so that is an error.
@@ -199,8 +229,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		event_id = PG_GETARG_UUID_P(4);
 	}
 
-	int lane = key_null ? outbox::LaneOf(event_id->data, UUID_LEN)
-	                    : outbox::LaneOf(VARDATA_ANY(PG_GETARG_TEXT_PP(1)), VARSIZE_ANY_EXHDR(PG_GETARG_TEXT_PP(1)));
+	int lane = outbox::LaneOfEvent(key ? VARDATA_ANY(key) : nullptr, key ? VARSIZE_ANY_EXHDR(key) : 0, event_id->data);
 
 	Datum values[6] = {UUIDPGetDatum(event_id),
 	                   PointerGetDatum(topic),

@@ -67,14 +67,66 @@ DefineSettings() {
 	                        "Largest event (key + payload + headers) that outbox.enqueue() accepts.",
 	                        "Keep it at or below the broker's message.max.bytes.", &settings.max_payload_bytes,
 	                        1024 * 1024, 0, INT_MAX, PGC_SUSET, GUC_UNIT_BYTE, nullptr, nullptr, nullptr);
+	// PGC_SIGHUP, not SUSET: who may publish what is the operator's decision, not a session's.
+	DefineCustomStringVariable(
+	    "outbox.relay_role", "Role the relay's statements run as.",
+	    "A role without superuser rights; it needs USAGE on schema outbox and SELECT, UPDATE, DELETE on "
+	    "outbox.events (CREATE EXTENSION grants them to outbox_relay).",
+	    &settings.relay_role, "outbox_relay", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.allowed_topics", "Topics events may name (empty: any topic).",
+	                           "A comma-separated list of topic names; a name ending in * is a prefix.",
+	                           &settings.allowed_topics, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.lock_timeout", "How long a relay statement waits for a row or table lock.",
+	                        "A session holding outbox rows past it makes the step fail; the relay recovers.",
+	                        &settings.lock_timeout_ms, 10000, 1, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
+	                        nullptr);
+	DefineCustomIntVariable("outbox.statement_timeout", "Longest a relay statement may run.", nullptr,
+	                        &settings.statement_timeout_ms, 60000, 1, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+	                        nullptr, nullptr);
+#ifdef OUTBOX_TEST_SEAMS
 	DefineCustomStringVariable("outbox.test_crash_after_ack", "Test only: crash the relay after this event is acked.",
 	                           nullptr, &settings.test_crash_after_ack, "", PGC_SIGHUP,
 	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.test_fail_step", "Test only: 'step:N' fails the next N runs of a relay step.",
+	                           nullptr, &settings.test_fail_step, "", PGC_SIGHUP,
+	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);
+#endif
 #if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("outbox");
 #else
 	EmitWarningsOnPlaceholders("outbox");
 #endif
+}
+
+bool
+TopicAllowed(const char *topic, int len) {
+	const char *list = settings.allowed_topics;
+	if (list == nullptr || list[0] == '\0') {
+		return true;
+	}
+	// Entries are trimmed of spaces; "billing.*" allows every topic that starts with "billing.".
+	for (const char *p = list; *p;) {
+		while (*p == ' ' || *p == ',') {
+			p++;
+		}
+		const char *start = p;
+		while (*p && *p != ',') {
+			p++;
+		}
+		const char *end = p;
+		while (end > start && end[-1] == ' ') {
+			end--;
+		}
+		int n = int(end - start);
+		if (n > 0 && start[n - 1] == '*') {
+			if (len >= n - 1 && memcmp(topic, start, n - 1) == 0) {
+				return true;
+			}
+		} else if (n > 0 && n == len && memcmp(topic, start, n) == 0) {
+			return true;
+		}
+	}
+	return false;
 }
 
 } // namespace outbox

@@ -27,8 +27,19 @@ struct Settings {
 	int purge_batch_size;
 	// Input limits.
 	int max_payload_bytes;
+	// Privilege: the role the relay's statements run as, and the topics events may name.
+	char *relay_role;
+	char *allowed_topics; // "" = any topic; else a comma-separated list of names and prefix*
+	// Bounds on the relay's own statements.
+	int lock_timeout_ms;
+	int statement_timeout_ms;
+#ifdef OUTBOX_TEST_SEAMS
 	// Test-only fault injection: die right after the broker acknowledged this event_id.
 	char *test_crash_after_ack;
+	// Test-only fault injection: "step:N" makes the next N runs of that relay step (claim,
+	// record, next retry, purge) raise an ERROR after their statement.
+	char *test_fail_step;
+#endif
 };
 
 extern Settings settings;
@@ -36,5 +47,8 @@ extern Settings settings;
 constexpr int kMaxWorkers = 32;
 
 void DefineSettings();
+
+// Whether outbox.allowed_topics lets events name this topic (len bytes, not NUL-terminated).
+bool TopicAllowed(const char *topic, int len);
 
 } // namespace outbox

@@ -8,6 +8,9 @@ namespace outbox {
 
 constexpr size_t kMaxTopicLength = 249;
 
+// The header the relay sets on every record itself; events may not carry one of that name.
+constexpr const char *kEventIdHeader = "event_id";
+
 // Why a topic name is illegal, or nullptr when Kafka would accept it: 1 to 249 characters of
 // [a-zA-Z0-9._-], and not "." or "..".
 inline const char *
@@ -46,6 +49,14 @@ LaneOf(const void *bytes, size_t len) noexcept {
 		h *= 16777619u;
 	}
 	return int(h % kLaneCount);
+}
+
+constexpr size_t kEventIdBytes = 16;
+
+// A row's lane: its key's, or for an unkeyed event its event id's (key == nullptr).
+inline int
+LaneOfEvent(const char *key, size_t key_len, const unsigned char *event_id) noexcept {
+	return key ? LaneOf(key, key_len) : LaneOf(event_id, kEventIdBytes);
 }
 
 } // namespace outbox

@@ -10,6 +10,13 @@ extern "C" {
 #include "postgres.h"
 
 #include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
+#include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
+#include "catalog/pg_class.h"       // RELKIND_RELATION
+#include "catalog/pg_namespace.h"   // NamespaceRelationId
+#include "commands/extension.h"     // get_extension_oid
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"      // LookupFuncName
+#include "utils/acl.h"              // the relay role's rights, DROP DATABASE ownership
 #include "catalog/namespace.h"      // get_namespace_oid
 #include "catalog/pg_type.h"        // type OIDs for SPI parameters
 #include "commands/dbcommands.h"    // get_database_name
@@ -22,9 +29,13 @@ extern "C" {
 #include "pgstat.h"                 // pgstat_report_activity, pgstat_report_stat
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
+#include "storage/bufmgr.h"         // the relay's error recovery releases what a transaction would
+#include "storage/fd.h"
 #include "storage/ipc.h"            // before_shmem_exit, shmem hooks
 #include "storage/latch.h"
 #include "storage/lmgr.h"           // ConditionalLockRelationOid
+#include "storage/lwlock.h"
+#include "storage/smgr.h"
 #include "storage/proc.h"           // MyProc
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -32,16 +43,31 @@ extern "C" {
 #include "utils/array.h"
 #include "utils/builtins.h"         // text_to_cstring
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"        // get_relname_relid
 #include "utils/memutils.h"
+#include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"         // SearchSysCacheExists1
+#include "utils/timeout.h"          // disable_all_timeouts
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
+#if PG_VERSION_NUM >= 180000
+#include "storage/aio.h"            // pgaio_error_cleanup
+#endif
 }
 
 // PostgreSQL 13 to 18 differ in a few spellings; keep the branches here.
+#if PG_VERSION_NUM >= 160000
+#define OutboxNamespaceAclCheck(nsp, role, mode) object_aclcheck(NamespaceRelationId, nsp, role, mode)
+#define OutboxProcAclCheck(proc, role, mode) object_aclcheck(ProcedureRelationId, proc, role, mode)
+#define OutboxDatabaseOwnerCheck(db, role) object_ownercheck(DatabaseRelationId, db, role)
+#else
+#define OutboxNamespaceAclCheck(nsp, role, mode) pg_namespace_aclcheck(nsp, role, mode)
+#define OutboxProcAclCheck(proc, role, mode) pg_proc_aclcheck(proc, role, mode)
+#define OutboxDatabaseOwnerCheck(db, role) pg_database_ownercheck(db, role)
+#endif
 #if PG_VERSION_NUM >= 150000
 #define OUTBOX_HAS_SHMEM_REQUEST_HOOK 1
 #else

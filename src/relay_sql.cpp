@@ -3,6 +3,7 @@
 #include "relay_sql.hpp"
 
 #include "guc.hpp"
+#include "kafka_names.hpp"
 
 namespace outbox {
 
@@ -87,16 +88,18 @@ WITH o AS (
 		status = CASE o.outcome
 		           WHEN 'p' THEN 'published'
 		           WHEN 'r' THEN CASE WHEN e.attempts + 1 >= $6 THEN 'failed' ELSE 'pending' END
+		           WHEN 'x' THEN 'failed'
 		           ELSE 'pending' END,
 		published_at = CASE WHEN o.outcome = 'p' THEN now() END,
 		kafka_partition = CASE WHEN o.outcome = 'p' THEN o.kafka_partition END,
 		kafka_offset = CASE WHEN o.outcome = 'p' THEN o.kafka_offset END,
-		attempts = e.attempts + CASE WHEN o.outcome = 'r' THEN 1 ELSE 0 END,
+		attempts = CASE WHEN o.outcome = 'r' THEN least(e.attempts, 999999) + 1 ELSE e.attempts END,
 		last_error = coalesce(o.error, e.last_error),
 		next_attempt_at = CASE o.outcome
-		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, e.attempts::float8))
+		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, least(e.attempts, 30)::float8))
 		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
 		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0::float8)
+		    WHEN 'x' THEN now()
 		    ELSE e.next_attempt_at END
 	FROM o
 	WHERE e.id = o.id AND e.status = 'in_flight'
@@ -104,15 +107,31 @@ WITH o AS (
 )
 SELECT event_id::text, topic, key, attempts, last_error FROM updated WHERE status = 'failed'
 )SQL";
+// (Attempts and the backoff exponent are clamped so that no row, however it was written, can
+// make this statement fail: a failing record would resend the batch forever.)
 
+// Orphans: this worker's lanes' rows left in_flight by a crash, an ERROR, or a hand-written row.
+// Run before every claim, in the claim's transaction (events_in_flight_idx keeps it off the
+// retained history). The claim then sees them pending: SPI takes a new snapshot per statement.
 const char *const kRequeueSql =
     "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane::integer % $1 = $2";
 
+// Rows waiting for a retry are the pending ones in events_blocking_key_idx (next_attempt_at past
+// created_at); the wait is capped so that no timestamp, however far, can overflow it.
 const char *const kNextRetrySql =
-    "SELECT (extract(epoch FROM min(next_attempt_at) - now()) * 1000::numeric)::bigint FROM outbox.events "
-    "WHERE status = 'pending' AND next_attempt_at > now() AND lane::integer % $1 = $2";
+    "SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)"
+    "::bigint FROM outbox.events "
+    "WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() "
+    "AND lane::integer % $1 = $2";
 
-const char *const kPurgeSql = "SELECT outbox.purge(make_interval(secs => $1::float8), $2)";
+// Retention, by the relay itself: it calls no function that a database user could have put in
+// the function's place.
+const char *const kPurgeSql = R"SQL(
+DELETE FROM outbox.events e
+WHERE e.id IN (SELECT p.id FROM outbox.events p
+               WHERE p.status = 'published' AND p.published_at < now() - make_interval(secs => $1::float8)
+               ORDER BY p.published_at LIMIT $2)
+)SQL";
 
 struct Statement {
 	const char *sql;
@@ -135,7 +154,7 @@ Statement record_stmt = {
     CURSOR_OPT_GENERIC_PLAN, nullptr};
 Statement requeue_stmt = {kRequeueSql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, 0, nullptr};
-Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT4OID}, 0, nullptr};
+Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT8OID}, 0, nullptr};
 
 // Prepared once per worker and kept: the plan cache re-plans if the table is recreated.
 SPIPlanPtr
@@ -154,36 +173,112 @@ PlanOf(Statement &stmt) {
 // The caller's memory context: committing a transaction leaves CurrentMemoryContext at
 // TopMemoryContext, where the worker's allocations would never be freed.
 MemoryContext step_caller_context = nullptr;
+// The session's own user and security context, put back after each step.
+Oid step_saved_user = InvalidOid;
+int step_saved_sec_context = 0;
+bool step_switched_user = false;
+// Why the last BeginStep returned Refused (static text or palloc'd in the caller's context).
+const char *step_problem = nullptr;
 
-// Opens a transaction for one relay step and checks that the outbox table is there and free.
+bool
+ExtensionOwns(Oid ext, Oid class_id, Oid object_id) {
+	return getExtensionOfObject(class_id, object_id) == ext;
+}
+
+// The relay's role, or InvalidOid with the reason in step_problem. Checked every step: a
+// reload may name another role, and rights may be revoked at any time. Missing rights are a
+// configuration problem to report, not an ERROR to loop on.
+Oid
+RelayRole(Oid nsp, Oid rel) {
+	const char *name = settings.relay_role;
+	Oid role = get_role_oid(name, true);
+	if (!OidIsValid(role)) {
+		step_problem = psprintf("outbox.relay_role \"%s\" does not exist (ALTER EXTENSION outbox UPDATE creates "
+		                        "outbox_relay; another role must be created and granted by hand)",
+		                        name);
+		return InvalidOid;
+	}
+	if (superuser_arg(role)) {
+		step_problem = psprintf("outbox.relay_role \"%s\" is a superuser; the relay runs only as a role without "
+		                        "superuser rights",
+		                        name);
+		return InvalidOid;
+	}
+	const AclMode needed[] = {ACL_SELECT, ACL_UPDATE, ACL_DELETE};
+	bool ok = OutboxNamespaceAclCheck(nsp, role, ACL_USAGE) == ACLCHECK_OK;
+	for (AclMode mode : needed) {
+		ok = ok && pg_class_aclcheck(rel, role, mode) == ACLCHECK_OK;
+	}
+	Oid argtypes[2] = {TEXTOID, UUIDOID};
+	Oid lane_of = LookupFuncName(list_make2(makeString(pstrdup("outbox")), makeString(pstrdup("lane_of"))), 2,
+	                             argtypes, true);
+	ok = ok && OidIsValid(lane_of) && OutboxProcAclCheck(lane_of, role, ACL_EXECUTE) == ACLCHECK_OK;
+	if (!ok) {
+		step_problem = psprintf("outbox.relay_role \"%s\" lacks USAGE on schema outbox, SELECT, UPDATE and DELETE on "
+		                        "outbox.events or EXECUTE on outbox.lane_of (ALTER EXTENSION outbox UPDATE grants "
+		                        "them to outbox_relay; README \"Privileges\")",
+		                        name);
+		return InvalidOid;
+	}
+	return role;
+}
+
+TableState
+AbandonStep(TableState state) {
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(step_caller_context);
+	debug_query_string = nullptr;
+	pgstat_report_activity(STATE_IDLE, nullptr);
+	return state;
+}
+
+// Opens a transaction for one relay step and checks that the outbox table is there, free, and
+// the extension's own: the relay touches no object that a database user could have created
+// under the same name (before CREATE EXTENSION, after DROP EXTENSION, or beside it). The lock
+// taken here on the checked table holds until the step ends, so the names in the statements
+// resolve to exactly it. Then the step runs as outbox.relay_role, with SECURITY_RESTRICTED_
+// OPERATION as VACUUM runs a table owner's code: nothing it runs can change the session's role.
 // On Ready, SPI is connected and the caller must call EndStep().
 TableState
 BeginStep(const char *activity) {
 	step_caller_context = CurrentMemoryContext;
+	step_problem = nullptr;
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	pgstat_report_activity(STATE_RUNNING, activity);
 	debug_query_string = activity;
 
-	Oid nsp = get_namespace_oid("outbox", true);
+	Oid ext = get_extension_oid("outbox", true);
+	Oid nsp = OidIsValid(ext) ? get_namespace_oid("outbox", true) : InvalidOid;
 	Oid rel = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
-	TableState state = TableState::Ready;
 	if (!OidIsValid(rel)) {
-		state = TableState::Missing;
-	} else if (!ConditionalLockRelationOid(rel, RowExclusiveLock)) {
-		state = TableState::Busy; // DROP EXTENSION or other DDL in progress: do not wait on it
-	} else if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(rel))) {
-		state = TableState::Missing; // dropped while we waited for nothing
+		return AbandonStep(TableState::Missing);
 	}
-	if (state != TableState::Ready) {
-		PopActiveSnapshot();
-		CommitTransactionCommand();
-		MemoryContextSwitchTo(step_caller_context);
-		debug_query_string = nullptr;
-		pgstat_report_activity(STATE_IDLE, nullptr);
-		return state;
+	if (!ConditionalLockRelationOid(rel, RowExclusiveLock)) {
+		return AbandonStep(TableState::Busy); // DROP EXTENSION or other DDL in progress: do not wait on it
 	}
+	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(rel))) {
+		return AbandonStep(TableState::Missing); // dropped while we waited for nothing
+	}
+	if (!ExtensionOwns(ext, NamespaceRelationId, nsp) || !ExtensionOwns(ext, RelationRelationId, rel) ||
+	    get_rel_relkind(rel) != RELKIND_RELATION) {
+		MemoryContext old = MemoryContextSwitchTo(step_caller_context);
+		step_problem = "schema outbox or table outbox.events is not the extension's own (created by a user?); the "
+		               "relay does not touch it";
+		MemoryContextSwitchTo(old);
+		return AbandonStep(TableState::Refused);
+	}
+	MemoryContext old = MemoryContextSwitchTo(step_caller_context);
+	Oid role = RelayRole(nsp, rel);
+	MemoryContextSwitchTo(old);
+	if (!OidIsValid(role)) {
+		return AbandonStep(TableState::Refused);
+	}
+	GetUserIdAndSecContext(&step_saved_user, &step_saved_sec_context);
+	SetUserIdAndSecContext(role, step_saved_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	step_switched_user = true;
 	if (SPI_connect() != SPI_OK_CONNECT) {
 		elog(ERROR, "outbox relay: SPI_connect failed");
 	}
@@ -195,6 +290,10 @@ EndStep() {
 	SPI_finish();
 	PopActiveSnapshot();
 	CommitTransactionCommand();
+	// After the commit, so that anything the commit runs still runs as the relay's role. (An
+	// ERROR instead ends in AbortTransaction, which restores the user by itself.)
+	SetUserIdAndSecContext(step_saved_user, step_saved_sec_context);
+	step_switched_user = false;
 	MemoryContextSwitchTo(step_caller_context);
 	debug_query_string = nullptr;
 	// Background workers flush their table statistics themselves, or autovacuum and
@@ -203,38 +302,118 @@ EndStep() {
 	pgstat_report_activity(STATE_IDLE, nullptr);
 }
 
+#ifdef OUTBOX_TEST_SEAMS
+// Test builds only: outbox.test_fail_step = 'step:N' raises an ERROR in the next N runs of the
+// named step, after its statement ran (so the abort has work to undo). A new value re-arms it.
+char armed_fail_step[64];
+int fail_step_left = 0;
+
 void
-Execute(Statement &stmt, Datum *values, const char *nulls, int expected) {
+MaybeInjectFailure(const char *step) {
+	static char seen[64];
+	if (strcmp(seen, settings.test_fail_step) != 0) {
+		strlcpy(seen, settings.test_fail_step, sizeof(seen));
+		const char *colon = strrchr(seen, ':');
+		fail_step_left = colon ? atoi(colon + 1) : 0;
+		strlcpy(armed_fail_step, seen, colon ? size_t(colon - seen) + 1 : sizeof(armed_fail_step));
+	}
+	if (fail_step_left > 0 && strcmp(armed_fail_step, step) == 0) {
+		fail_step_left--;
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox test: injected failure of step %s", step)));
+	}
+}
+#else
+void
+MaybeInjectFailure(const char *) {
+}
+#endif
+
+// Runs a step's statement; `step` names it for the test builds' fault injection.
+void
+Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
 	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
 	if (rc != expected) {
 		elog(ERROR, "outbox relay: statement failed: %s", SPI_result_code_string(rc));
 	}
+	MaybeInjectFailure(step);
 }
 
+// Text in the server encoding as UTF-8 (what Kafka clients expect), or nullptr when it has no
+// UTF-8 form: bytes that are not UTF-8 in a SQL_ASCII database, or a character without a UTF-8
+// mapping. Never raises: a row the relay cannot convert is quarantined, not an error loop.
 char *
-CopyText(HeapTuple tuple, TupleDesc desc, int col, int *len) {
+ToUtf8(const char *data, int len, int *out_len) {
+	int encoding = GetDatabaseEncoding();
+	if (encoding == PG_UTF8 || encoding == PG_SQL_ASCII) {
+		if (!pg_verify_mbstr(PG_UTF8, data, len, true)) {
+			return nullptr;
+		}
+		char *out = static_cast<char *>(palloc(len + 1));
+		memcpy(out, data, len);
+		out[len] = '\0';
+		*out_len = len;
+		return out;
+	}
+	Oid proc = FindDefaultConversionProc(encoding, PG_UTF8);
+	if (!OidIsValid(proc)) {
+		return nullptr;
+	}
+	int capacity = len * MAX_CONVERSION_GROWTH + 1;
+	unsigned char *out = static_cast<unsigned char *>(palloc(capacity));
+	int converted = pg_do_encoding_conversion_buf(proc, encoding, PG_UTF8, (unsigned char *)data, len, out, capacity,
+	                                              true);
+	if (converted != len) {
+		return nullptr;
+	}
+	*out_len = int(strlen(reinterpret_cast<char *>(out)));
+	return reinterpret_cast<char *>(out);
+}
+
+// A text column as UTF-8. *bad is set when it cannot be converted.
+char *
+CopyText(HeapTuple tuple, TupleDesc desc, int col, int *len, bool *bad) {
 	bool isnull;
 	Datum d = SPI_getbinval(tuple, desc, col, &isnull);
+	int n = 0;
+	if (len) {
+		*len = 0;
+	}
 	if (isnull) {
-		if (len) {
-			*len = 0;
-		}
 		return nullptr;
 	}
 	struct varlena *v = PG_DETOAST_DATUM_PACKED(d);
-	int n = VARSIZE_ANY_EXHDR(v);
-	char *out = static_cast<char *>(palloc(n + 1));
-	memcpy(out, VARDATA_ANY(v), n);
-	out[n] = '\0';
+	char *out = ToUtf8(VARDATA_ANY(v), VARSIZE_ANY_EXHDR(v), &n);
+	if (out == nullptr) {
+		*bad = true;
+		return nullptr;
+	}
 	if (len) {
 		*len = n;
 	}
 	return out;
 }
 
-// Copies text[] elements into `out` (palloc'd C strings).
+// The payload: bytes as enqueue stored them (already UTF-8 for text and jsonb payloads).
+char *
+CopyBytes(HeapTuple tuple, TupleDesc desc, int col, int *len) {
+	bool isnull;
+	Datum d = SPI_getbinval(tuple, desc, col, &isnull);
+	*len = 0;
+	if (isnull) {
+		return nullptr;
+	}
+	struct varlena *v = PG_DETOAST_DATUM_PACKED(d);
+	*len = VARSIZE_ANY_EXHDR(v);
+	char *out = static_cast<char *>(palloc(*len + 1));
+	memcpy(out, VARDATA_ANY(v), *len);
+	out[*len] = '\0';
+	return out;
+}
+
+// Copies text[] elements into `out` (palloc'd UTF-8 C strings). Returns the count, or -1 with
+// *problem set when an element is NULL (a JSON null header value) or has no UTF-8 form.
 int
-CopyTextArray(HeapTuple tuple, TupleDesc desc, int col, char ***out, int **lens) {
+CopyTextArray(HeapTuple tuple, TupleDesc desc, int col, char ***out, int **lens, const char **problem) {
 	bool isnull;
 	Datum d = SPI_getbinval(tuple, desc, col, &isnull);
 	*out = nullptr;
@@ -249,11 +428,16 @@ CopyTextArray(HeapTuple tuple, TupleDesc desc, int col, char ***out, int **lens)
 	*out = static_cast<char **>(palloc(sizeof(char *) * (n + 1)));
 	*lens = static_cast<int *>(palloc(sizeof(int) * (n + 1)));
 	for (int i = 0; i < n; i++) {
+		if (elem_nulls[i]) {
+			*problem = "a header value is not a JSON string";
+			return -1;
+		}
 		text *t = DatumGetTextPP(elems[i]);
-		(*lens)[i] = VARSIZE_ANY_EXHDR(t);
-		(*out)[i] = static_cast<char *>(palloc((*lens)[i] + 1));
-		memcpy((*out)[i], VARDATA_ANY(t), (*lens)[i]);
-		(*out)[i][(*lens)[i]] = '\0';
+		(*out)[i] = ToUtf8(VARDATA_ANY(t), VARSIZE_ANY_EXHDR(t), &(*lens)[i]);
+		if ((*out)[i] == nullptr) {
+			*problem = "a header is not valid UTF-8";
+			return -1;
+		}
 	}
 	return n;
 }
@@ -267,45 +451,84 @@ ArrayOf(Datum *elems, int n, Oid type) {
 	return PointerGetDatum(construct_array(elems, n, type, typlen, typbyval, typalign));
 }
 
+// Copies one claimed row. A row that cannot be published as it is (only rows not written by
+// enqueue can be like that) gets a quarantine reason instead: it goes to failed, not to Kafka.
+void
+CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
+	bool isnull;
+	bool bad = false;
+	e.id = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
+	Datum event_id = SPI_getbinval(tuple, desc, 2, &isnull);
+	strlcpy(e.event_id, TextDatumGetCString(event_id), sizeof(e.event_id));
+	e.topic = CopyText(tuple, desc, 3, nullptr, &bad);
+	e.key = CopyText(tuple, desc, 4, &e.key_len, &bad);
+	e.payload = CopyBytes(tuple, desc, 5, &e.payload_len);
+	e.quarantine = nullptr;
+	if (bad || e.topic == nullptr) {
+		e.quarantine = "quarantined: the key or the topic is not valid UTF-8";
+	} else if (const char *problem = TopicNameProblem(e.topic, strlen(e.topic))) {
+		e.quarantine = psprintf("quarantined: invalid Kafka topic name: %s", problem);
+	} else if (!TopicAllowed(e.topic, int(strlen(e.topic)))) {
+		e.quarantine = "quarantined: the topic is not in outbox.allowed_topics";
+	}
+	char **names = nullptr, **header_values = nullptr;
+	int *name_lens, *value_lens;
+	const char *header_problem = nullptr;
+	int n_user = CopyTextArray(tuple, desc, 6, &names, &name_lens, &header_problem);
+	if (n_user >= 0 && CopyTextArray(tuple, desc, 7, &header_values, &value_lens, &header_problem) != n_user) {
+		n_user = -1;
+	}
+	for (int h = 0; h < n_user; h++) {
+		if (strcmp(names[h], kEventIdHeader) == 0) {
+			header_problem = "the header name event_id is reserved";
+			n_user = -1;
+		}
+	}
+	if (n_user < 0) {
+		e.quarantine = e.quarantine ? e.quarantine : psprintf("quarantined: %s", header_problem);
+		n_user = 0;
+	}
+	e.n_headers = n_user + 1;
+	e.headers = static_cast<kafka::Header *>(palloc(sizeof(kafka::Header) * e.n_headers));
+	for (int h = 0; h < n_user; h++) {
+		e.headers[h] = kafka::Header{names[h], header_values[h], size_t(value_lens[h])};
+	}
+	e.headers[n_user] = kafka::Header{kEventIdHeader, e.event_id, strlen(e.event_id)};
+}
+
 } // namespace
 
+const char *
+LastStepProblem() {
+	return step_problem;
+}
+
 TableState
-ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch) {
+ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued) {
 	batch->n = 0;
 	batch->events = nullptr;
+	*requeued = 0;
 	TableState state = BeginStep("outbox relay: claim");
 	if (state != TableState::Ready) {
 		return state;
 	}
+	// This worker has nothing in flight between batches: any in_flight row of its lanes is an
+	// orphan and goes back to pending before the claim, so no later row of its key can be
+	// claimed ahead of it.
+	Datum lane_values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
+	Execute("requeue", requeue_stmt, lane_values, nullptr, SPI_OK_UPDATE);
+	*requeued = int64(SPI_processed);
+
 	Datum values[5] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker), Int32GetDatum(settings.batch_size),
 	                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
 	                   Int64GetDatum(settings.batch_max_bytes)};
-	Execute(claim_stmt, values, nullptr, SPI_OK_SELECT);
+	Execute("claim", claim_stmt, values, nullptr, SPI_OK_SELECT);
 
 	MemoryContext old = MemoryContextSwitchTo(into);
 	int n = int(SPI_processed);
 	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * (n > 0 ? n : 1)));
-	TupleDesc desc = SPI_tuptable->tupdesc;
 	for (int i = 0; i < n; i++) {
-		HeapTuple tuple = SPI_tuptable->vals[i];
-		ClaimedEvent &e = batch->events[i];
-		bool isnull;
-		e.id = DatumGetInt64(SPI_getbinval(tuple, desc, 1, &isnull));
-		char *event_id = CopyText(tuple, desc, 2, nullptr);
-		strlcpy(e.event_id, event_id, sizeof(e.event_id));
-		e.topic = CopyText(tuple, desc, 3, nullptr);
-		e.key = CopyText(tuple, desc, 4, &e.key_len);
-		e.payload = CopyText(tuple, desc, 5, &e.payload_len);
-		char **names, **header_values;
-		int *name_lens, *value_lens;
-		int n_user = CopyTextArray(tuple, desc, 6, &names, &name_lens);
-		CopyTextArray(tuple, desc, 7, &header_values, &value_lens);
-		e.n_headers = n_user + 1;
-		e.headers = static_cast<kafka::Header *>(palloc(sizeof(kafka::Header) * e.n_headers));
-		for (int h = 0; h < n_user; h++) {
-			e.headers[h] = kafka::Header{names[h], header_values[h], size_t(value_lens[h])};
-		}
-		e.headers[n_user] = kafka::Header{"event_id", e.event_id, strlen(e.event_id)};
+		CopyClaimedRow(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, batch->events[i]);
 	}
 	batch->n = n;
 	MemoryContextSwitchTo(old);
@@ -348,35 +571,21 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 	                   Int32GetDatum(settings.backoff_base_ms),
 	                   Int32GetDatum(settings.backoff_max_ms),
 	                   Int64GetDatum(int64(defer_ms))};
-	Execute(record_stmt, values, nullptr, SPI_OK_SELECT);
+	Execute("record", record_stmt, values, nullptr, SPI_OK_SELECT);
 
 	int failed = int(SPI_processed);
 	for (int i = 0; i < failed; i++) {
 		HeapTuple tuple = SPI_tuptable->vals[i];
 		TupleDesc desc = SPI_tuptable->tupdesc;
 		// Logged once: the row leaves the relay's hands here.
-		ereport(LOG, (errmsg("outbox relay: event %s (topic %s, key %s) failed after %s attempts: %s",
-		                     SPI_getvalue(tuple, desc, 1), SPI_getvalue(tuple, desc, 2),
-		                     SPI_getvalue(tuple, desc, 3) ? SPI_getvalue(tuple, desc, 3) : "NULL",
-		                     SPI_getvalue(tuple, desc, 4), SPI_getvalue(tuple, desc, 5)),
+		// Not the key: it is the caller's data, of any size and bytes; the event id finds the row.
+		ereport(LOG, (errmsg("outbox relay: event %s (topic %s) moved to failed after %s attempts: %s",
+		                     SPI_getvalue(tuple, desc, 1), SPI_getvalue(tuple, desc, 2), SPI_getvalue(tuple, desc, 4),
+		                     SPI_getvalue(tuple, desc, 5)),
 		              errhint("It is in outbox.failed; fix the cause, then SELECT outbox.retry(event_id).")));
 	}
 	EndStep();
 	return failed;
-}
-
-TableState
-RequeueInFlight(const LaneSet &lanes, int64 *requeued) {
-	*requeued = 0;
-	TableState state = BeginStep("outbox relay: requeue in-flight events");
-	if (state != TableState::Ready) {
-		return state;
-	}
-	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
-	Execute(requeue_stmt, values, nullptr, SPI_OK_UPDATE);
-	*requeued = int64(SPI_processed);
-	EndStep();
-	return TableState::Ready;
 }
 
 int64
@@ -385,7 +594,7 @@ MillisUntilNextRetry(const LaneSet &lanes) {
 		return -1;
 	}
 	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
-	Execute(next_retry_stmt, values, nullptr, SPI_OK_SELECT);
+	Execute("next_retry", next_retry_stmt, values, nullptr, SPI_OK_SELECT);
 	bool isnull;
 	Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	int64 ms = isnull ? -1 : DatumGetInt64(d);
@@ -398,10 +607,9 @@ PurgeBatch(int retention_s, int batch_size) {
 	if (BeginStep("outbox relay: purge") != TableState::Ready) {
 		return 0;
 	}
-	Datum values[2] = {Int32GetDatum(retention_s), Int32GetDatum(batch_size)};
-	Execute(purge_stmt, values, nullptr, SPI_OK_SELECT);
-	bool isnull;
-	int64 n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	Datum values[2] = {Int32GetDatum(retention_s), Int64GetDatum(int64(batch_size))};
+	Execute("purge", purge_stmt, values, nullptr, SPI_OK_DELETE);
+	int64 n = int64(SPI_processed);
 	EndStep();
 	return n;
 }

@@ -18,6 +18,9 @@ struct ClaimedEvent {
 	int payload_len;
 	kafka::Header *headers; // user headers, then event_id
 	int n_headers;
+	// Set when the row cannot be published as it is (written by hand: a JSON null header, bytes
+	// that are not UTF-8, a topic not allowed): it goes to failed with this reason.
+	const char *quarantine;
 };
 
 struct Batch {
@@ -32,10 +35,20 @@ enum class Outcome : char {
 	Requeued = 'q', // not sent, broker-wide trouble, or unknown outcome: pending, no attempt used
 	Deferred = 'd', // its partition was unavailable while others worked: pending after a delay,
 	                // no attempt used (the key waits; other keys go on)
+	Quarantined = 'x', // never sent: the row cannot be published as it is; failed, with the reason
 };
 
-// Whether outbox.events exists in this database and no DDL holds it. Logs nothing.
-enum class TableState { Ready, Missing, Busy };
+// Whether outbox.events exists in this database, no DDL holds it, and the relay may use it.
+// Logs nothing: Refused comes with a reason (LastStepProblem) for the worker to report.
+enum class TableState {
+	Ready,
+	Missing, // no extension, schema or table
+	Busy,    // DDL holds the table
+	Refused, // not the extension's own objects, or outbox.relay_role is missing, a superuser or lacks rights
+};
+
+// Why the last step was Refused.
+const char *LastStepProblem();
 
 // The lane filter: worker `worker` of `n_workers` owns lanes with lane % n_workers = worker.
 struct LaneSet {
@@ -43,17 +56,15 @@ struct LaneSet {
 	int n_workers;
 };
 
-// Returns the claimed batch (possibly empty) in `into`; `table` says why nothing was claimed.
-TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch);
+// First puts this worker's orphaned in_flight rows back to pending (*requeued counts them), then
+// returns the claimed batch (possibly empty) in `into`; the result says why nothing was claimed.
+TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued);
 
 // Records every outcome in one statement. Returns how many events moved to failed (their ids
-// and errors are logged once here), or -1 when the table was busy or gone (nothing recorded).
+// and errors are logged once here), or -1 when the table was busy or gone (nothing recorded:
+// the rows stay in_flight until the next claim requeues them).
 int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
                    const char *const *errors, long defer_ms);
-
-// After a restart or an error mid-batch: this worker's in-flight rows go back to pending.
-// Returns Ready with the count in *requeued, or why it could not run (try again later).
-TableState RequeueInFlight(const LaneSet &lanes, int64 *requeued);
 
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
 int64 MillisUntilNextRetry(const LaneSet &lanes);

@@ -17,7 +17,7 @@ shmem_startup_hook_type previous_startup_hook = nullptr;
 
 Size
 SharedSize() {
-	return add_size(offsetof(SharedState, slots), mul_size(sizeof(WorkerSlot), kMaxWorkers));
+	return sizeof(SharedState);
 }
 
 void
@@ -40,7 +40,6 @@ StartupMemory() {
 	shared = static_cast<SharedState *>(ShmemInitStruct("outbox", SharedSize(), &found));
 	if (!found) {
 		memset(shared, 0, SharedSize());
-		shared->n_slots = kMaxWorkers;
 		for (int i = 0; i < kMaxWorkers; i++) {
 			SpinLockInit(&shared->slots[i].mutex);
 		}

@@ -2,6 +2,7 @@
 // committed enqueues set to wake the worker).
 #pragma once
 
+#include "guc.hpp"
 #include "pg_include.hpp"
 
 namespace outbox {
@@ -41,8 +42,7 @@ struct WorkerSlot {
 };
 
 struct SharedState {
-	int n_slots;
-	WorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
+	WorkerSlot slots[kMaxWorkers];
 };
 
 extern SharedState *shared;

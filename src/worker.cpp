@@ -41,7 +41,6 @@ WorkerSlot *slot = nullptr;
 kafka::Producer *producer = nullptr;
 MemoryContext batch_context = nullptr;
 bool connecting = false;
-bool requeue_needed = true;
 TableState last_table_state = TableState::Ready;
 int outage_steps = 0;
 TimestampTz backoff_until = 0;
@@ -130,6 +129,47 @@ ForwardProducerLog() {
 	}
 }
 
+// Settings that the relay's correctness or liveness rests on, pinned over anything that the
+// configuration, ALTER DATABASE ... SET or ALTER ROLE ... SET could give this session (a
+// database owner may set those: a statement_timeout of 1 ms or a read-only default would
+// otherwise wedge the relay). Applied at start and after every reload.
+void
+PinSessionSettings() {
+	// Nothing a database user creates may be found by name in the relay's statements.
+	const char *search_path = "pg_catalog, pg_temp";
+	char lock_timeout[32];
+	char statement_timeout[32];
+	snprintf(lock_timeout, sizeof(lock_timeout), "%d", settings.lock_timeout_ms);
+	snprintf(statement_timeout, sizeof(statement_timeout), "%d", settings.statement_timeout_ms);
+	const char *const pins[][2] = {
+	    {"search_path", search_path},
+	    // Claim skips locked rows; record and requeue wait for no one for long (a session holding
+	    // outbox rows gets an ERROR in the log and the relay carries on, not a silent stall).
+	    {"lock_timeout", lock_timeout},
+	    {"statement_timeout", statement_timeout},
+	    {"idle_in_transaction_session_timeout", "0"},
+	    {"default_transaction_read_only", "off"},
+	    {"default_transaction_isolation", "read committed"},
+	    {"transform_null_equals", "off"},
+	    {"session_replication_role", "origin"},
+	    // The claim's generic plan is costed high on a large backlog, which would make LLVM JIT
+	    // compile it on every execution: measured, that made the claim 6 times slower.
+	    {"jit", "off"},
+	    // The claim's synchronous commit is the durability barrier for what it publishes: it
+	    // flushes the WAL up to its own commit record (and waits for synchronous standbys),
+	    // which covers the commit of every enqueue the claim saw, even one made with
+	    // synchronous_commit = off. An asynchronous claim could publish an event whose business
+	    // transaction a crash then undoes.
+	    {"synchronous_commit", "on"},
+	    // The record statement is prepared for its generic plan (relay_sql.cpp); a server-wide
+	    // plan_cache_mode would override that choice.
+	    {"plan_cache_mode", "auto"},
+	};
+	for (const auto &pin : pins) {
+		SetConfigOption(pin[0], pin[1], PGC_SUSET, PGC_S_OVERRIDE);
+	}
+}
+
 bool
 KafkaSettingsChanged() {
 	return strcmp(producer_bootstrap, settings.bootstrap_servers) != 0 ||
@@ -163,6 +203,7 @@ void
 ReloadSettings() {
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
+	PinSessionSettings();
 	if (producer && KafkaSettingsChanged()) {
 		// Between batches nothing is in flight: safe to remake the producer.
 		DestroyProducer();
@@ -182,9 +223,10 @@ BackoffMs(int step) {
 	return long(ms * (0.5 + 0.5 * (double(random()) / 2147483647.0)));
 }
 
-// Test-only fault injection (outbox.test_crash_after_ack): die like a crash right after the
-// broker acknowledged the named event and before the outcome is recorded. A marker file in the
-// data directory makes it fire once; the test removes the file to arm it again.
+#ifdef OUTBOX_TEST_SEAMS
+// Test builds only (make TEST_SEAMS=1): outbox.test_crash_after_ack makes the worker die like a
+// crash right after the broker acknowledged the named event and before the outcome is recorded.
+// A marker file in the data directory makes it fire once; the test removes the file to arm it.
 void
 MaybeCrashAfterAck(const Batch &batch, const Outcome *outcomes) {
 	if (settings.test_crash_after_ack[0] == '\0') {
@@ -205,6 +247,11 @@ MaybeCrashAfterAck(const Batch &batch, const Outcome *outcomes) {
 		}
 	}
 }
+#else
+void
+MaybeCrashAfterAck(const Batch &, const Outcome *) {
+}
+#endif
 
 // Sends the batch and waits, bounded, for every delivery report. Returns the outcome of each
 // event; errors[i] is set for everything not published.
@@ -228,6 +275,15 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		const ClaimedEvent &e = batch.events[i];
 		outcomes[i] = Outcome::Requeued;
 		errors[i] = nullptr;
+		if (e.quarantine) {
+			// Never sent; its key stops here for this batch like behind a refused event.
+			outcomes[i] = Outcome::Quarantined;
+			errors[i] = e.quarantine;
+			if (e.key) {
+				stopped_keys[n_stopped++] = e.key;
+			}
+			continue;
+		}
 		bool behind_refused = false;
 		for (int k = 0; e.key && k < n_stopped; k++) {
 			if (strcmp(stopped_keys[k], e.key) == 0) {
@@ -295,7 +351,7 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	if (gave_up) {
 		*broker_trouble = true;
 		for (int i = 0; i < n; i++) {
-			if (!deliveries[i].reported) {
+			if (!deliveries[i].reported && outcomes[i] == Outcome::Requeued) {
 				errors[i] = "no delivery report within outbox.publish_timeout";
 			}
 		}
@@ -358,9 +414,8 @@ RunBatch(const Batch &batch) {
 
 	SetWorkerState(slot, WorkerState::Publishing);
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
-	// From here until RecordOutcomes commits, the rows are in_flight in the table; an ERROR
-	// makes the recovery block requeue them.
-	requeue_needed = true;
+	// From here until RecordOutcomes commits, the rows are in_flight in the table; after an
+	// ERROR the next claim requeues them.
 	Publish(batch, outcomes, deliveries, errors, &broker_trouble);
 	MaybeCrashAfterAck(batch, outcomes);
 
@@ -369,9 +424,8 @@ RunBatch(const Batch &batch) {
 	// so that batches of healthy keys do not keep waiting for them.
 	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms);
-	// Not recorded (DDL on the table): the rows stay in_flight until the requeue step can run;
-	// they are sent again then (at-least-once).
-	requeue_needed = failed < 0;
+	// Not recorded (DDL on the table): the rows stay in_flight until the next claim requeues
+	// them; they are sent again then (at-least-once).
 	if (failed < 0) {
 		failed = 0;
 	}
@@ -426,25 +480,54 @@ MaybePurge() {
 	}
 }
 
-// Recovery from an ERROR anywhere in the loop (the autovacuum launcher's pattern).
+// Recovery from an ERROR anywhere in the loop. Step for step what the autovacuum launcher's
+// recovery block does (postmaster/autovacuum.c, "a stripped down version of PostgresMain error
+// recovery"), plus what PostgresMain adds for a process that reports its activity; then the
+// relay's own state.
 void
 RecoverFromError() {
+	// Since not using PG_TRY, reset the error context stack by hand: it still points into the
+	// frames of whatever raised, and the next report would walk them.
+	error_context_stack = nullptr;
 	HOLD_INTERRUPTS();
+	// Forget a pending cancel or timeout: the recovery itself is the answer to it.
+	disable_all_timeouts(false);
+	QueryCancelPending = false; // second, to avoid a race with a timeout firing meanwhile
+
 	MemoryContextSwitchTo(TopMemoryContext);
 	ErrorData *edata = CopyErrorData();
 	EmitErrorReport();
-	AbortCurrentTransaction();
 	debug_query_string = nullptr;
+	AbortCurrentTransaction(); // also restores the user and security context of the step
+
+	// Resources held outside a transaction.
+	LWLockReleaseAll();
+	pgstat_report_wait_end();
+#if PG_VERSION_NUM >= 180000
+	pgaio_error_cleanup();
+#elif PG_VERSION_NUM < 160000
+	AbortBufferIO();
+#endif
+	UnlockBuffers();
+	if (AuxProcessResourceOwner) {
+		ReleaseAuxProcessResources(false);
+	}
+	AtEOXact_Buffers(false);
+	AtEOXact_SMgr();
+	AtEOXact_Files(false);
+	AtEOXact_HashTables(false);
+
+	MemoryContextSwitchTo(TopMemoryContext);
 	FlushErrorState();
+	// The message goes to outbox.workers; a step never raises with a secret in its text.
 	SetWorkerError(slot, WorkerState::BackingOff, edata->message ? edata->message : "error");
 	FreeErrorData(edata);
 	MemoryContextReset(batch_context);
 	// The Kafka side of a batch cut short is unknown: drop the producer so nothing of it can be
-	// appended after the events are sent again.
+	// appended after the events are sent again (the next claim requeues them).
 	if (producer && kafka::Outstanding(producer) > 0) {
 		DestroyProducer();
 	}
-	requeue_needed = true;
 	pgstat_report_activity(STATE_IDLE, nullptr);
 	RESUME_INTERRUPTS();
 }
@@ -505,23 +588,36 @@ Attach(int index) {
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
 
-	// The relay runs as the bootstrap superuser: nothing a database user creates may be found
-	// by name in its statements.
-	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
-	// Claim skips locked rows; record waits for none for long (a user holding outbox rows'
-	// locks gets an ERROR in the log and the rows are requeued, not a silent stall).
-	SetConfigOption("lock_timeout", "10s", PGC_SUSET, PGC_S_OVERRIDE);
-	// The claim's generic plan is costed high on a large backlog, which would make LLVM JIT
-	// compile it on every execution: measured, that made the claim 6 times slower.
-	SetConfigOption("jit", "off", PGC_SUSET, PGC_S_OVERRIDE);
-	// The claim's synchronous commit is the durability barrier for what it publishes: it flushes
-	// the WAL up to its own commit record (and waits for synchronous standbys), which covers the
-	// commit of every enqueue the claim saw, even one made with synchronous_commit = off. An
-	// asynchronous claim could publish an event whose business transaction a crash then undoes.
-	SetConfigOption("synchronous_commit", "on", PGC_SUSET, PGC_S_OVERRIDE);
-	// The record statement is prepared for its generic plan (relay_sql.cpp); a server-wide
-	// plan_cache_mode would override that choice.
-	SetConfigOption("plan_cache_mode", "auto", PGC_SUSET, PGC_S_OVERRIDE);
+	PinSessionSettings();
+}
+
+// Why nothing was claimed, said once (not once per poll), then a wait before the next try.
+void
+ReportTableState(TableState table) {
+	if (table == TableState::Missing && last_table_state != TableState::Missing) {
+		ereport(LOG, (errmsg("outbox relay %d: extension \"outbox\" is not installed in database \"%s\"; "
+		                     "waiting for CREATE EXTENSION outbox",
+		                     worker_index, settings.database)));
+	}
+	if (table == TableState::Refused) {
+		const char *problem = LastStepProblem();
+		SetWorkerError(slot, WorkerState::Misconfigured, problem);
+		LogOnce(WARNING, psprintf("not publishing: %s", problem));
+	}
+	last_table_state = table;
+	switch (table) {
+	case TableState::Missing:
+		SetWorkerState(slot, WorkerState::NoExtension);
+		WaitFor(settings.poll_interval_ms);
+		break;
+	case TableState::Refused:
+		WaitFor(settings.poll_interval_ms);
+		break;
+	default: // Busy: DDL holds the table for a moment
+		SetWorkerState(slot, WorkerState::Idle);
+		WaitFor(kErrorPauseMs);
+		break;
+	}
 }
 
 void
@@ -566,33 +662,17 @@ RelayMain(Datum arg) {
 			WaitFor(TimestampDifferenceMilliseconds(now, backoff_until));
 			continue;
 		}
-		// Before any claim, rows this worker's lanes left in flight go back to pending.
-		TableState table = TableState::Ready;
-		if (requeue_needed) {
-			int64 n = 0;
-			table = RequeueInFlight(MyLanes(), &n);
-			if (n > 0) {
-				ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
-				                     (long long)n)));
-			}
-			requeue_needed = table != TableState::Ready;
-		}
+		MaybePurge();
+		SetWorkerState(slot, WorkerState::Claiming);
 		Batch batch{0, nullptr};
-		if (table == TableState::Ready) {
-			MaybePurge();
-			SetWorkerState(slot, WorkerState::Claiming);
-			table = ClaimBatch(MyLanes(), batch_context, &batch);
+		int64 requeued = 0;
+		TableState table = ClaimBatch(MyLanes(), batch_context, &batch, &requeued);
+		if (requeued > 0) {
+			ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
+			                     (long long)requeued)));
 		}
 		if (table != TableState::Ready) {
-			if (table == TableState::Missing && last_table_state != TableState::Missing) {
-				ereport(LOG, (errmsg("outbox relay %d: extension \"outbox\" is not installed in database \"%s\"; "
-				                     "waiting for CREATE EXTENSION outbox",
-				                     worker_index, settings.database)));
-			}
-			last_table_state = table;
-			requeue_needed = true; // a re-created table may hold rows in flight
-			SetWorkerState(slot, table == TableState::Missing ? WorkerState::NoExtension : WorkerState::Idle);
-			WaitFor(table == TableState::Missing ? settings.poll_interval_ms : kErrorPauseMs);
+			ReportTableState(table);
 			continue;
 		}
 		last_table_state = table;

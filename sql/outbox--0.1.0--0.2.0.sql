@@ -1,0 +1,78 @@
+-- outbox 0.1.0 -> 0.2.0: the table refuses rows the relay could not publish, the queue survives
+-- pg_dump, and the relay runs as a role of its own. (A new install runs 0.1.0, then this.)
+
+\echo Use "ALTER EXTENSION outbox UPDATE" to load this file. \quit
+
+-- ---------------------------------------------------------------------------------------------
+-- Row shapes. enqueue() only ever writes rows that pass these; the checks stop rows written by
+-- hand (README "The table") that would otherwise make the relay loop on an error or misorder a
+-- key. Validating them scans the table once; a row written by hand that breaks one makes the
+-- update fail with the constraint's name, and nothing changes (README "Upgrading").
+-- ---------------------------------------------------------------------------------------------
+
+-- The lane a key (or, unkeyed, an event id) belongs to: the same 32-bit FNV-1a that enqueue
+-- computes in C, so the check below and the relay agree on which worker owns a row.
+CREATE FUNCTION outbox.lane_of(key text, event_id uuid)
+RETURNS smallint
+AS 'MODULE_PATHNAME', 'outbox_lane_of'
+LANGUAGE C IMMUTABLE PARALLEL SAFE;
+-- Not for PUBLIC, like everything in the schema; a role writing rows by hand needs EXECUTE on it.
+REVOKE ALL ON FUNCTION outbox.lane_of(text, uuid) FROM PUBLIC;
+
+-- A CHECK rather than a generated column: enqueue passes the lane with every insert, so a
+-- library and a schema of different versions keep working together while an upgrade is under
+-- way, and the update rewrites no table.
+ALTER TABLE outbox.events
+	ADD CONSTRAINT events_lane_of_key_check CHECK (lane = outbox.lane_of(key, event_id)),
+	ADD CONSTRAINT events_topic_check
+		CHECK (topic COLLATE "C" ~ '^[A-Za-z0-9._-]{1,249}$' AND topic NOT IN ('.', '..')),
+	ADD CONSTRAINT events_headers_check
+		CHECK (headers IS NULL
+		       OR (jsonb_typeof(headers) = 'object'
+		           AND NOT headers ? 'event_id'
+		           AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")'))),
+	ADD CONSTRAINT events_times_check
+		CHECK (isfinite(created_at) AND isfinite(next_attempt_at)
+		       AND (claimed_at IS NULL OR isfinite(claimed_at))
+		       AND (published_at IS NULL OR isfinite(published_at))),
+	ADD CONSTRAINT events_attempts_check CHECK (attempts >= 0 AND attempts <= 1000000),
+	ADD CONSTRAINT events_kafka_position_check
+		CHECK ((kafka_partition IS NULL OR kafka_partition >= 0) AND (kafka_offset IS NULL OR kafka_offset >= 0)),
+	ADD CONSTRAINT events_tombstone_check CHECK (payload IS NOT NULL OR key IS NOT NULL);
+
+-- Orphans of a crash or an error: the relay puts its lanes' in-flight rows back to pending
+-- before every claim, so this must not read the retained history.
+CREATE INDEX events_in_flight_idx ON outbox.events (id) WHERE status = 'in_flight';
+
+-- ---------------------------------------------------------------------------------------------
+-- pg_dump: the queue is data, not extension scaffolding. Without these a dump and restore
+-- recreates an empty table (and a sequence starting at 1 again).
+-- ---------------------------------------------------------------------------------------------
+SELECT pg_catalog.pg_extension_config_dump('outbox.events', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
+
+-- ---------------------------------------------------------------------------------------------
+-- The relay's role (outbox.relay_role, default outbox_relay): every relay statement runs as it,
+-- never as a superuser, with exactly these rights. NOLOGIN: the relay switches to it inside its
+-- own session (README "Privileges"). A role that already exists is used as it is, unless it is
+-- a superuser.
+-- ---------------------------------------------------------------------------------------------
+DO $$
+DECLARE
+	relay_role text := current_setting('outbox.relay_role');
+	is_super boolean;
+BEGIN
+	SELECT r.rolsuper INTO is_super FROM pg_catalog.pg_roles r WHERE r.rolname = relay_role;
+	IF NOT FOUND THEN
+		EXECUTE format('CREATE ROLE %I NOLOGIN', relay_role);
+	ELSIF is_super THEN
+		RAISE EXCEPTION 'outbox.relay_role "%" is a superuser', relay_role
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'The relay runs as this role: name a role without superuser rights, or drop the setting to use outbox_relay.';
+	END IF;
+	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', relay_role);
+	EXECUTE format('GRANT SELECT, UPDATE, DELETE ON outbox.events TO %I', relay_role);
+	-- The lane check runs on every update of a row, with the updating role's rights.
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.lane_of(text, uuid) TO %I', relay_role);
+END
+$$;

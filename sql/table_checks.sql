@@ -1,0 +1,81 @@
+-- The table refuses rows that the relay could not publish as they are: every check fires on a
+-- row written by hand, names its constraint, and inserts nothing. enqueue() never writes such
+-- rows; the relay quarantines what gets past (integration tests).
+\set VERBOSITY terse
+TRUNCATE outbox.events;
+\set good_id '''00000000-0000-4000-8000-000000000001'''
+
+-- A row written by hand the way the README shows is accepted.
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x7b7d', '{"trace": "t"}');
+SELECT topic, key, lane = outbox.lane_of(key, event_id) AS lane_matches FROM outbox.events;
+
+-- A lane that is not the key's (two workers would publish one key).
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), 'billing', 'k1', (outbox.lane_of('k1', :good_id) + 1) % 1024, '\x00');
+-- Unkeyed: the lane is the event id's.
+SELECT outbox.lane_of(NULL, :good_id) = outbox.lane_of(NULL, :good_id) AS stable,
+       outbox.lane_of(NULL, NULL) IS NULL AS null_id;
+-- Headers: JSON null values, non-strings, non-objects, the reserved name.
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '{"trace": null}');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '{"n": 1}');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '{"o": {"a": "b"}}');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '["a"]');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '"a"');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '{"event_id": "x"}');
+-- Topics Kafka would refuse.
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), 'bad topic', 'k1', outbox.lane_of('k1', :good_id), '\x00');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), '..', 'k1', outbox.lane_of('k1', :good_id), '\x00');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), repeat('t', 250), 'k1', outbox.lane_of('k1', :good_id), '\x00');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), 'caf' || chr(233), 'k1', outbox.lane_of('k1', :good_id), '\x00');
+-- Timestamps that never come (or came before time): a retry wait could never be computed.
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, next_attempt_at)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', 'infinity');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, next_attempt_at)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', '-infinity');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, created_at)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', 'infinity');
+-- Attempts out of range (the backoff would overflow).
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, attempts)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', -1);
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, attempts)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', 2147483647);
+-- A tombstone needs a key; positions are never negative.
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (:good_id, 'billing', NULL, outbox.lane_of(NULL, :good_id), NULL);
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, kafka_partition)
+VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', -1);
+-- An UPDATE is held to the same checks.
+UPDATE outbox.events SET key = 'k2';
+UPDATE outbox.events SET next_attempt_at = 'infinity';
+UPDATE outbox.events SET headers = '{"trace": null}';
+-- Nothing but the first row got in, and it is unchanged.
+SELECT count(*) AS rows, min(key) AS key, min(headers::text) AS headers FROM outbox.events;
+
+-- The queue is part of a dump: the table's rows and the id sequence are configuration data.
+SELECT c.relname FROM pg_extension x, unnest(x.extconfig) AS cfg(oid) JOIN pg_class c ON c.oid = cfg.oid
+WHERE x.extname = 'outbox' ORDER BY 1;
+
+-- The relay's role: no superuser, no login, exactly these rights.
+SELECT rolsuper, rolcanlogin, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles WHERE rolname = 'outbox_relay';
+SELECT has_schema_privilege('outbox_relay', 'outbox', 'USAGE') AS usage,
+       has_schema_privilege('outbox_relay', 'outbox', 'CREATE') AS create;
+SELECT c.relname, p.privilege, has_table_privilege('outbox_relay', c.oid, p.privilege) AS granted
+FROM pg_class c, unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) AS p(privilege)
+WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v')
+  AND has_table_privilege('outbox_relay', c.oid, p.privilege)
+ORDER BY 1, 2;
+SELECT p.oid::regprocedure AS executable
+FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND has_function_privilege('outbox_relay', p.oid, 'EXECUTE')
+ORDER BY 1::text;
+TRUNCATE outbox.events;
