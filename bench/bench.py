@@ -482,7 +482,7 @@ class Bench:
             "plain": f"INSERT INTO bench.plain_events (topic, key, payload) VALUES "
                      f"('billing', 'sub-' || :sub, ({payload})::jsonb);",
             "shape": f"INSERT INTO bench.events_shape (event_id, topic, key, lane, payload) VALUES "
-                     f"(gen_random_uuid(), 'billing', 'sub-' || :sub, 0, convert_to((({payload})::jsonb)::text, 'UTF8'));",
+                     f"(gen_random_uuid(), 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), convert_to((({payload})::jsonb)::text, 'UTF8'));",
         }
         tmp = Path(tempfile.mkdtemp(prefix="outbox-pgbench-"))
         files = {}

@@ -5,10 +5,12 @@
 #include "kafka_names.hpp"
 
 OUTBOX_SQL_FUNCTION(outbox_lane_of) {
-	if (PG_ARGISNULL(1)) {
-		PG_RETURN_NULL(); // event_id is NOT NULL in the table: the check fails there anyway
+	if (!PG_ARGISNULL(0)) {
+		text *key = PG_GETARG_TEXT_PP(0);
+		PG_RETURN_INT16(int16(outbox::LaneOf(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key))));
 	}
-	text *key = PG_ARGISNULL(0) ? nullptr : PG_GETARG_TEXT_PP(0);
-	PG_RETURN_INT16(int16(outbox::LaneOfEvent(key ? VARDATA_ANY(key) : nullptr, key ? VARSIZE_ANY_EXHDR(key) : 0,
-	                                          PG_GETARG_UUID_P(1)->data)));
+	if (PG_ARGISNULL(1)) {
+		PG_RETURN_NULL(); // no key and no event id: event_id is NOT NULL in the table anyway
+	}
+	PG_RETURN_INT16(int16(outbox::LaneOfEvent(nullptr, 0, PG_GETARG_UUID_P(1)->data)));
 }

@@ -39,7 +39,7 @@ class PgCluster:
             "port": str(self.port),
             "fsync": "off",
             "max_worker_processes": "40",
-            "log_min_messages": "log",
+            "log_min_messages": "warning",  # ERRORs visible (LOG ranks above ERROR here)
             "log_line_prefix": "'%m [%p] %b '",
         }
         self.settings.update(settings or {})

@@ -1,0 +1,401 @@
+"""The relay is safe inside the database it lives in: repeated ERRORs, rows not written by
+enqueue, look-alike objects of a database owner, unprivileged DROP DATABASE and pg_dump of the
+queue. Each test here reproduces a defect of an earlier version (the safety issue) and fails
+there. (Hostile roles: test_hostile_roles.py; every step's error path: test_error_paths.py.)"""
+
+import os
+import subprocess
+import uuid
+
+import psycopg
+import pytest
+
+from harness.kafka_reader import read_topic
+from harness.wait import wait_until
+
+INVALID_RECORD = 87  # the broker refuses the record batch (mock: produce_errors)
+
+
+def lane_of(key, event_id):
+    """The relay's lane (32-bit FNV-1a of the key's bytes, or of the event id's 16 bytes) % 1024."""
+    data = key.encode() if key is not None else uuid.UUID(event_id).bytes
+    h = 2166136261
+    for b in data:
+        h = ((h ^ b) * 16777619) & 0xFFFFFFFF
+    return h % 1024
+
+
+def enqueue_many(pg, topic, n, key_prefix="k", keys=10, dbname=None):
+    with pg.connect(dbname, autocommit=False) as c:
+        ids = [c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)::text",
+                         (topic, f"{key_prefix}{i % keys}", f'{{"seq": {i}}}')).fetchone()[0] for i in range(n)]
+        c.commit()
+    return ids
+
+
+def count_in_log(pg, text):
+    return pg.log().count(text)
+
+
+def worker_pid(pg, index=0):
+    return pg.value("SELECT pid FROM outbox.workers WHERE worker = %s", (index,))
+
+
+def wait_idle(pg, timeout=60):
+    wait_until(lambda: pg.value("SELECT state FROM outbox.workers WHERE worker = 0") == "idle", timeout,
+               "worker idle")
+
+
+def fast_stop_completes(pg):
+    """pg_ctl stop -m fast returns (bounded by pg_ctl's own wait) and the server is down."""
+    res = subprocess.run(["pg_ctl", "-D", pg.datadir, "-m", "fast", "-w", "-t", "60", "stop"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pg.started = False
+    assert res.returncode == 0, res.stdout
+    assert not os.path.exists(os.path.join(pg.datadir, "postmaster.pid"))
+
+
+# --- 1. a second ERROR in the relay ----------------------------------------------------------
+
+def test_repeated_lock_timeouts_while_the_broker_is_down_recover(mock_cluster, make_relay):
+    """A user holds FOR UPDATE on in-flight rows while the broker is down: the record step and
+    then the requeue before the next claim both hit lock_timeout, ERROR after ERROR. The worker
+    recovers each time (it crashed with signal 11 once the error context stack dangled)."""
+    pg = make_relay(mock_cluster.bootstrap, lock_timeout="300ms", publish_timeout="2s")
+    pg.wait_workers_running(1)
+    pid = worker_pid(pg)
+    for b in (1, 2, 3):
+        mock_cluster.down(b)
+    ids = enqueue_many(pg, "billing", 20)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") == 20, 30,
+               "batch in flight")
+    holder = pg.connect(autocommit=False)
+    try:
+        holder.execute("SELECT id FROM outbox.events WHERE status = 'in_flight' FOR UPDATE").fetchall()
+        wait_until(lambda: count_in_log(pg, "canceling statement due to lock timeout") >= 3, 60,
+                   "three lock timeouts in a row")
+        assert worker_pid(pg) == pid
+    finally:
+        holder.rollback()
+        holder.close()
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(20, timeout=90)
+    records = read_topic(mock_cluster.bootstrap, "billing", 20)
+    assert {r.event_id for r in records} == set(ids)
+    assert worker_pid(pg) == pid
+    assert pg.value("SELECT 1") == 1
+    fast_stop_completes(pg)
+
+
+def test_a_failed_event_after_an_error_is_logged_without_a_crash(mock_cluster, make_relay):
+    """The 'moved to failed' LOG line after an earlier ERROR (it segfaulted a worker when the
+    ERROR had left the error context stack pointing into a dead frame)."""
+    pg = make_relay(mock_cluster.bootstrap, max_attempts=1)
+    pg.wait_workers_running(1)
+    pid = worker_pid(pg)
+    # An ERROR first: an ACCESS EXCLUSIVE lock makes steps wait; a user's lock on a pending row
+    # past lock_timeout makes the requeue fail. Simplest reliable ERROR: cancel the worker.
+    pg.sql("SELECT pg_cancel_backend(%s)", (pid,))
+    wait_until(lambda: count_in_log(pg, "canceling statement due to user request") >= 1, 30, "the cancel's ERROR")
+    enqueue_many(pg, "billing", 1, key_prefix="warm-up")
+    pg.wait_published(1)
+    mock_cluster.produce_errors(1, INVALID_RECORD)
+    with pg.connect() as c:
+        poison = c.execute("SELECT outbox.enqueue('billing', 'p', '{}'::jsonb)::text").fetchone()[0]
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event failed")
+    wait_until(lambda: count_in_log(pg, f"event {poison} (topic billing) moved to failed") == 1, 10, "its log line")
+    assert worker_pid(pg) == pid
+
+
+# --- 3 and 7: rows not written by enqueue -------------------------------------------------------
+
+def drop_check(pg, name):
+    pg.sql(f"ALTER TABLE outbox.events DROP CONSTRAINT IF EXISTS {name}")
+
+
+def insert_row(pg, topic="billing", key="k", payload=b"{}", headers=None, **columns):
+    """A row written by hand, with the lane enqueue would give it."""
+    event_id = str(uuid.uuid4())
+    cols = ["event_id", "topic", "key", "lane", "payload", "headers"] + list(columns)
+    values = ["%s"] * 5 + ["%s::jsonb"] + ["%s"] * len(columns)
+    with pg.connect() as c:
+        return c.execute(f"INSERT INTO outbox.events ({', '.join(cols)}) VALUES ({', '.join(values)}) "
+                         "RETURNING id, event_id::text",
+                         [event_id, topic, key, lane_of(key, event_id), payload, headers]
+                         + list(columns.values())).fetchone()
+
+
+@pytest.fixture
+def unchecked_relay(mock_cluster, make_relay):
+    """A relay whose table has lost the checks that would refuse the rows below: the relay's
+    own defences must hold without them (a superuser can drop a constraint)."""
+    pg = make_relay(mock_cluster.bootstrap, max_attempts=2)
+    pg.wait_workers_running(1)
+    pg.sql("ALTER TABLE outbox.events DROP CONSTRAINT IF EXISTS events_lane_of_key_check")
+    return pg
+
+
+def test_json_null_header_row_is_quarantined_not_a_crash_loop(unchecked_relay, mock_cluster):
+    pg = unchecked_relay
+    pid = worker_pid(pg)
+    drop_check(pg, "events_headers_check")
+    before = enqueue_many(pg, "billing", 5, key_prefix="before")
+    _, bad = insert_row(pg, key="bad", headers='{"trace": null}')
+    after = enqueue_many(pg, "billing", 5, key_prefix="after")
+    pg.wait_published(10, timeout=60)
+    wait_until(lambda: pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (bad,)) == "failed", 30,
+               "the bad row quarantined")
+    assert "quarantined" in pg.value("SELECT last_error FROM outbox.events WHERE event_id = %s", (bad,))
+    records = read_topic(mock_cluster.bootstrap, "billing", 10, settle=True)
+    assert {r.event_id for r in records} == set(before + after)
+    assert worker_pid(pg) == pid
+
+
+def test_infinite_next_attempt_at_makes_no_error_loop(unchecked_relay, mock_cluster):
+    pg = unchecked_relay
+    pid = worker_pid(pg)
+    drop_check(pg, "events_times_check")
+    # Waiting for a retry forever: the idle loop's next-retry wait must stay computable.
+    insert_row(pg, key="forever", next_attempt_at="infinity")
+    insert_row(pg, key="never", next_attempt_at="-infinity")
+    ids = enqueue_many(pg, "billing", 10)
+    pg.wait_published(11, timeout=60)  # the -infinity row is simply due
+    wait_idle(pg)
+    errors_now = count_in_log(pg, "ERROR:")
+    # Several idle rounds (each computes the next retry): no new ERROR.
+    with pg.connect() as c:
+        for _ in range(5):
+            c.execute("SELECT outbox.enqueue('billing', 'wake', '{}'::jsonb)")
+    pg.wait_published(16, timeout=60)
+    wait_idle(pg)
+    assert count_in_log(pg, "ERROR:") == errors_now
+    assert set(ids) <= {r.event_id for r in read_topic(mock_cluster.bootstrap, "billing", 16)}
+    assert worker_pid(pg) == pid
+    fast_stop_completes(pg)
+
+
+def test_huge_attempts_count_fails_the_event_instead_of_looping(unchecked_relay, mock_cluster):
+    """attempts >= 1024 overflowed the backoff (power(2, attempts)) in the record statement:
+    the batch was resent every second forever."""
+    pg = unchecked_relay
+    pid = worker_pid(pg)
+    enqueue_many(pg, "billing", 1, key_prefix="warm-up")
+    pg.wait_published(1)
+    mock_cluster.produce_errors(1, INVALID_RECORD)
+    _, bad = insert_row(pg, key="p", attempts=5000)
+    wait_until(lambda: pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (bad,)) == "failed", 60,
+               "the event failed")
+    assert pg.value("SELECT attempts FROM outbox.events WHERE event_id = %s", (bad,)) == 5001
+    assert count_in_log(pg, "value out of range") == 0
+    assert worker_pid(pg) == pid
+
+
+def test_wrong_lane_is_refused_by_the_table(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap, workers=2)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        pg.sql("INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+               "VALUES (gen_random_uuid(), 'billing', 'k', %s, '\\x00')", ((lane_of("k", None) + 1) % 1024,))
+    assert pg.value("SELECT count(*) FROM outbox.events") == 0
+
+
+def test_row_left_in_flight_by_hand_is_requeued_and_published(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    wait_idle(pg)
+    _, orphan = insert_row(pg, key="orphan", status="in_flight")
+    ids = enqueue_many(pg, "billing", 3, key_prefix="orphan", keys=1)
+    pg.wait_published(4, timeout=60)
+    records = read_topic(mock_cluster.bootstrap, "billing", 4)
+    assert [r.event_id for r in records if r.key == b"orphan0"] == ids
+    assert orphan in {r.event_id for r in records}
+
+
+# --- 2. look-alike objects of a database owner -----------------------------------------------------
+
+LOOKALIKE = """
+CREATE SCHEMA outbox;
+CREATE TABLE outbox.events (
+	id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, event_id uuid NOT NULL UNIQUE, topic text NOT NULL,
+	key text, lane smallint NOT NULL, payload bytea, headers jsonb, status text NOT NULL DEFAULT 'pending',
+	attempts integer NOT NULL DEFAULT 0, next_attempt_at timestamptz NOT NULL DEFAULT now(), last_error text,
+	created_at timestamptz NOT NULL DEFAULT now(), claimed_at timestamptz, published_at timestamptz,
+	kafka_partition integer, kafka_offset bigint);
+CREATE FUNCTION outbox.escalate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	ALTER ROLE mallory SUPERUSER;
+	RETURN NEW;
+END $$;
+CREATE TRIGGER escalate BEFORE UPDATE OR DELETE ON outbox.events FOR EACH ROW EXECUTE FUNCTION outbox.escalate();
+CREATE FUNCTION outbox.purge(interval, integer) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+	ALTER ROLE mallory SUPERUSER;
+	RETURN 0;
+END $$;
+INSERT INTO outbox.events (event_id, topic, key, lane) SELECT gen_random_uuid(), 'billing', 'k' || i, i % 1024
+FROM generate_series(0, 1023) i;
+"""
+
+
+def mallory_owns(pg, dbname):
+    pg.sql("CREATE ROLE mallory LOGIN", dbname="postgres")
+    pg.sql(f'ALTER DATABASE "{dbname}" OWNER TO mallory', dbname="postgres")
+    pg.sql(f'GRANT CREATE ON DATABASE "{dbname}" TO mallory', dbname="postgres")
+
+
+def as_mallory(pg, dbname, sql):
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="mallory", dbname=dbname, autocommit=True) as c:
+        c.execute(sql)
+
+
+def is_superuser(pg, role):
+    return pg.value("SELECT rolsuper FROM pg_roles WHERE rolname = %s", (role,), dbname="postgres")
+
+
+def relay_steps_after(pg, since, steps=2, timeout=60):
+    """Waits until the relay worker has begun `steps` more steps after `since` (its activity's
+    state_change moves on every step), so that it has certainly looked at the table since."""
+    seen = []
+
+    def moved():
+        t = pg.value("SELECT max(state_change) FROM pg_stat_activity WHERE backend_type = 'outbox relay'",
+                     dbname="postgres")
+        if t is not None and t > since and (not seen or t > seen[-1]):
+            seen.append(t)
+        return len(seen) >= steps
+    wait_until(moved, timeout, f"{steps} relay steps")
+
+
+@pytest.mark.parametrize("when", ["before CREATE EXTENSION", "after DROP EXTENSION"])
+def test_database_owner_lookalike_table_is_never_touched(mock_cluster, make_relay, when):
+    """A non-superuser owning the relay's database creates outbox.events with a trigger (and an
+    outbox.purge) that would make it superuser if the relay, a superuser session, touched them."""
+    before = when == "before CREATE EXTENSION"
+    pg = make_relay(mock_cluster.bootstrap, database="shop", create_extension=not before, retention="1s",
+                    poll_interval="200ms")
+    if before:
+        pg.sql('CREATE DATABASE "shop"', dbname="postgres")
+        pg.restart()
+    wait_until(lambda: pg.value("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay'",
+                                dbname="postgres") == 1, 60, "the relay worker running")
+    if not before:
+        pg.sql("DROP EXTENSION outbox", dbname="shop")
+    mallory_owns(pg, "shop")
+    as_mallory(pg, "shop", LOOKALIKE)
+    created = pg.value("SELECT now()", dbname="postgres")
+    relay_steps_after(pg, created)
+    assert not is_superuser(pg, "mallory")
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="mallory", dbname="shop", autocommit=True) as c:
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE status <> 'pending'").fetchone()[0] == 0
+
+
+def test_relay_statements_run_as_the_relay_role_not_a_superuser(mock_cluster, make_relay):
+    """Even code that the relay cannot avoid (a trigger a superuser put on the table) runs as
+    outbox_relay, which cannot change roles."""
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    pg.sql("""
+        CREATE TABLE public.who_ran (usr text, is_super boolean, sec_restricted boolean);
+        GRANT INSERT ON public.who_ran TO outbox_relay;
+        CREATE FUNCTION public.record_who() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE restricted boolean := false;
+        BEGIN
+            BEGIN
+                SET LOCAL ROLE NONE;
+            EXCEPTION WHEN insufficient_privilege THEN restricted := true;
+            END;
+            INSERT INTO public.who_ran VALUES (current_user, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user), restricted);
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER record_who BEFORE UPDATE ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.record_who();
+    """)
+    enqueue_many(pg, "billing", 3)
+    pg.wait_published(3)
+    rows = set(pg.sql("SELECT usr, is_super, sec_restricted FROM public.who_ran"))
+    assert rows == {("outbox_relay", False, True)}
+
+
+def test_relay_role_that_is_a_superuser_or_lacks_rights_is_refused(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    pg.sql("CREATE ROLE relay_super SUPERUSER; CREATE ROLE relay_bare")
+    for role, reason in (("relay_super", "is a superuser"), ("relay_bare", "lacks"), ("no_such_role", "does not exist")):
+        pg.set(relay_role=role)
+        wait_until(lambda: reason in (pg.workers()[0][5] or ""), 30, f"{role} refused")
+        assert pg.workers()[0][2] == "misconfigured"
+    enqueue_many(pg, "billing", 2)
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'") == 2
+    pg.set(relay_role="outbox_relay")
+    pg.wait_published(2)
+
+
+# --- 5. unprivileged DROP DATABASE --------------------------------------------------------------
+
+def test_unprivileged_drop_database_does_not_stop_the_relay(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap, database="shop")
+    pg.wait_workers_running(1)
+    pid = worker_pid(pg)
+    pg.sql("CREATE ROLE eve LOGIN; CREATE ROLE shop_owner LOGIN", dbname="postgres")
+    pg.sql('ALTER DATABASE "shop" OWNER TO shop_owner', dbname="postgres")
+
+    def attempt(user, sql):
+        with psycopg.connect(host=pg.tmp, port=pg.port, user=user, dbname="postgres", autocommit=True) as c:
+            with pytest.raises(psycopg.Error):
+                c.execute(sql)
+        # The hook acts synchronously (it waits for the workers to exit before the drop runs):
+        # had it acted, the worker would be gone by now.
+        os.kill(pid, 0)
+        assert worker_pid(pg) == pid
+
+    attempt("eve", 'DROP DATABASE "shop"')  # must be owner
+    attempt("eve", 'BEGIN; DROP DATABASE "shop"')  # inside a transaction block
+    attempt("shop_owner", 'BEGIN; DROP DATABASE "shop"')  # the owner, but in a transaction block
+    attempt("shop_owner", 'DO $$ BEGIN EXECUTE \'DROP DATABASE "shop"\'; END $$')  # from a function
+    attempt("eve", 'DROP DATABASE "shop" WITH (FORCE)')
+    assert count_in_log(pg, "stopping the relay workers for DROP DATABASE") == 0
+    enqueue_many(pg, "billing", 3, dbname="shop")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'published'", dbname="shop") == 3,
+               30, "published")
+
+
+# --- 4. pg_dump keeps the queue -----------------------------------------------------------------
+
+def test_dump_and_restore_keep_pending_and_failed_events(mock_cluster, make_relay, tmp_path):
+    pg = make_relay(mock_cluster.bootstrap, database="shop")
+    pg.wait_workers_running(1)
+    for b in (1, 2, 3):
+        mock_cluster.down(b)  # nothing gets published before the dump
+    pending = enqueue_many(pg, "billing", 8, dbname="shop")
+    with pg.connect("shop") as c:
+        failed = [c.execute("SELECT outbox.enqueue('billing', 'f', %s::jsonb)::text", (f'{{"f": {i}}}',)).fetchone()[0]
+                  for i in range(2)]
+        c.execute("UPDATE outbox.events SET status = 'failed', attempts = 10, last_error = 'boom' "
+                  "WHERE event_id = ANY(%s::uuid[])", (failed,))
+    max_id = pg.value("SELECT max(id) FROM outbox.events", dbname="shop")
+    dump = tmp_path / "shop.dump"
+    subprocess.run(["pg_dump", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-Fc", "-f", str(dump), "shop"],
+                   check=True)
+    table_only = subprocess.run(["pg_dump", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-a",
+                                 "-t", "outbox.events", "shop"], check=True, stdout=subprocess.PIPE, text=True).stdout
+    assert all(e in table_only for e in pending + failed)
+
+    # Restore into a new database and point the relay at it.
+    pg.sql('CREATE DATABASE "restored"', dbname="postgres")
+    subprocess.run(["pg_restore", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-d", "restored", str(dump)],
+                   check=True)
+    pg.sql("ALTER SYSTEM SET outbox.database = 'restored'", dbname="postgres")
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.restart()
+    rows = dict(pg.sql("SELECT event_id::text, status FROM outbox.events", dbname="restored"))
+    assert set(rows) == set(pending + failed)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'published'",
+                                dbname="restored") == 8, 60, "restored pending events published")
+    assert {e for e, s in pg.sql("SELECT event_id::text, status FROM outbox.events WHERE status = 'failed'",
+                                 dbname="restored")} == set(failed)
+    # The sequence continues after the restored ids.
+    with pg.connect("restored") as c:
+        c.execute("SELECT outbox.enqueue('billing', 'new', '{}'::jsonb)")
+        assert c.execute("SELECT max(id) FROM outbox.events").fetchone()[0] > max_id
+    records = read_topic(mock_cluster.bootstrap, "billing", 9)
+    assert set(pending) <= {r.event_id for r in records}
