@@ -55,7 +55,8 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 -- The relay's role (outbox.relay_role, default outbox_relay): every relay statement runs as it,
 -- never as a superuser, with exactly these rights. NOLOGIN: the relay switches to it inside its
 -- own session (README "Privileges"). A role that already exists is used as it is, unless it is
--- a superuser.
+-- a superuser; the relay also refuses it while other roles are members of it (they could act as
+-- it), checked before every step.
 -- ---------------------------------------------------------------------------------------------
 DO $$
 DECLARE

@@ -49,6 +49,7 @@ extern "C" {
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
+#include "utils/catcache.h"         // CatCList (members of the relay role)
 #include "utils/syscache.h"         // SearchSysCacheExists1
 #include "utils/timeout.h"          // disable_all_timeouts
 #include "utils/timestamp.h"

@@ -204,6 +204,17 @@ RelayRole(Oid nsp, Oid rel) {
 		                        name);
 		return InvalidOid;
 	}
+	// Members of the role could SET ROLE to it and read or rewrite every event: the relay's
+	// role must be nobody else's (a CREATEROLE user may have made a role of that name first).
+	CatCList *members = SearchSysCacheList1(AUTHMEMROLEMEM, ObjectIdGetDatum(role));
+	int n_members = members->n_members;
+	ReleaseSysCacheList(members);
+	if (n_members > 0) {
+		step_problem = psprintf("outbox.relay_role \"%s\" has members; other roles could act as it: revoke them, "
+		                        "the relay's role must be a role of its own",
+		                        name);
+		return InvalidOid;
+	}
 	const AclMode needed[] = {ACL_SELECT, ACL_UPDATE, ACL_DELETE};
 	bool ok = OutboxNamespaceAclCheck(nsp, role, ACL_USAGE) == ACLCHECK_OK;
 	for (AclMode mode : needed) {

@@ -325,7 +325,12 @@ def test_relay_role_that_is_a_superuser_or_lacks_rights_is_refused(mock_cluster,
         assert pg.workers()[0][2] == "misconfigured"
     enqueue_many(pg, "billing", 2)
     assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'") == 2
+    # The default role, but another role is a member of it (and so could act as it).
+    pg.sql("CREATE ROLE sneaky; GRANT outbox_relay TO sneaky")
     pg.set(relay_role="outbox_relay")
+    wait_until(lambda: "has members" in (pg.workers()[0][5] or ""), 30, "a role with members refused")
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'") == 2
+    pg.sql("REVOKE outbox_relay FROM sneaky")
     pg.wait_published(2)
 
 
