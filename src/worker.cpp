@@ -254,10 +254,10 @@ AwaitReports(long max_wait_ms) {
 // Hands events indices[0..count) of the batch (in id order) to the producer in one go, sends
 // them and waits for their reports; deliveries[indices[j]] gets each result (not reported: not
 // sent, or no report in time). When the producer refuses an event at once, later events of its
-// key are not sent (they would overtake it); a stop request ends the hand-over. Returns false
-// when reports are missing.
+// key are not sent (they would overtake it); a stop request ends the hand-over. Waits at most
+// max_wait_ms for the reports; returns false when some are missing.
 bool
-SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *deliveries) {
+SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *deliveries, long max_wait_ms) {
 	if (!kafka::BeginBatch(producer, count)) {
 		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory for a relay batch")));
 	}
@@ -289,7 +289,7 @@ SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *d
 		}
 	}
 	kafka::SendBatch(producer, kSendWaitMs);
-	bool complete = AwaitReports(settings.publish_timeout_ms + kPublishWaitMarginMs);
+	bool complete = AwaitReports(max_wait_ms);
 	for (int j = 0; j < count; j++) {
 		deliveries[indices[j]] = kafka::Result(producer, j);
 	}
@@ -362,7 +362,8 @@ DropProducerIfBroken(bool reports_missing) {
 // is sent again alone, in id order, and only a refusal of that solo send is charged. A key stops
 // at its first unpublished event, so nothing of it overtakes an earlier one. Bounded by
 // kMaxSoloSendsPerBatch and outbox.publish_timeout, and ended by a stop request: what is not
-// tried goes back to pending without an attempt.
+// tried goes back to pending without an attempt. (A solo send that waits past the pass's
+// deadline gives up: the producer is remade, nothing of it can be appended later.)
 void
 IsolateRefusedBatches(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors,
                       bool *broker_trouble, bool *reports_missing) {
@@ -407,7 +408,8 @@ IsolateRefusedBatches(const Batch &batch, Outcome *outcomes, kafka::Delivery *de
 			break;
 		}
 		tried++;
-		bool complete = SendEvents(batch, &i, 1, deliveries);
+		long left_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+		bool complete = SendEvents(batch, &i, 1, deliveries, left_ms + kPublishWaitMarginMs);
 		TakeResult(i, deliveries[i], outcomes, errors, broker_trouble);
 		DropProducerIfBroken(!complete); // refused alone: fatal again
 		if (!complete) {
@@ -430,7 +432,7 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		all[i] = i;
 		errors[i] = nullptr;
 	}
-	bool reports_missing = !SendEvents(batch, all, n, deliveries);
+	bool reports_missing = !SendEvents(batch, all, n, deliveries, settings.publish_timeout_ms + kPublishWaitMarginMs);
 	for (int i = 0; i < n; i++) {
 		TakeResult(i, deliveries[i], outcomes, errors, broker_trouble);
 	}
