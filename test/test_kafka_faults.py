@@ -55,8 +55,8 @@ def test_reloaded_max_payload_bytes_reaches_the_producer(mock_cluster, make_rela
 # --- interrupts with every broker down --------------------------------------------------------
 
 def stall_a_batch(mock_cluster, make_relay, n_topics, n_events, kafka_properties=FAST_RECONNECT, log_errors=False):
-    """A relay whose batch of n_events events over n_topics topics, new to its producer, is in
-    flight while every broker is down."""
+    """A relay whose batch of n_events events over n_topics topics, new to its producer (none:
+    the topic of the warm-up event), is in flight while every broker is down."""
     pg = make_relay(mock_cluster.bootstrap, kafka_properties=kafka_properties)
     pg.wait_workers_running(1)
     if log_errors:  # the harness' log_min_messages = log leaves ERRORs out
@@ -69,7 +69,8 @@ def stall_a_batch(mock_cluster, make_relay, n_topics, n_events, kafka_properties
         mock_cluster.create_topic(t, 1)
     for b in (1, 2, 3):
         mock_cluster.down(b)
-    ids = enqueue_all(pg, [(topics[i % n_topics], f"k{i}", f"event {i}") for i in range(n_events)])
+    ids = enqueue_all(pg, [(topics[i % n_topics] if topics else "billing", f"k{i}", f"event {i}")
+                           for i in range(n_events)])
     wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") == n_events, 30,
                "the batch claimed")
     return pg, ids
@@ -97,7 +98,8 @@ def test_fast_stop_is_served_during_topic_lookups_with_brokers_down(mock_cluster
 
 
 def test_fast_stop_is_served_while_the_producer_queue_is_full(mock_cluster, make_relay):
-    pg, ids = stall_a_batch(mock_cluster, make_relay, n_topics=1, n_events=200,
+    # A known topic: no look-up, the batch goes straight into the full queue.
+    pg, ids = stall_a_batch(mock_cluster, make_relay, n_topics=0, n_events=200,
                             kafka_properties=FAST_RECONNECT + ";queue.buffering.max.messages=5")
     assert fast_stop(pg), "fast shutdown did not complete in time"
     assert_requeued_untouched(pg, ids)
