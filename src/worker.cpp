@@ -24,10 +24,9 @@ namespace {
 
 constexpr int kRestartSeconds = 5;
 constexpr long kErrorPauseMs = 1000;
-// SIGTERM, fast shutdown and cancel are served within kStopBoundMs (README, DESIGN.md): waits
-// inside the producer end within a slice of it (kafka::kMetadataLookupMs at most), a batch in
-// flight gets kShutdownGraceMs for its reports, and recording it and closing the producer take
-// the rest.
+// SIGTERM, fast shutdown and cancel are served within 5 s (README, DESIGN.md): a wait inside the
+// producer ends within one slice (kafka::kMetadataLookupMs at most), a batch in flight gets
+// kShutdownGraceMs for its reports, and recording it and closing the producer take the rest.
 constexpr long kShutdownGraceMs = 3000;
 constexpr long kPublishWaitMarginMs = 5000; // beyond publish_timeout, for the last reports
 constexpr long kPurgeIntervalMs = 60000;
