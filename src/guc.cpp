@@ -32,6 +32,11 @@ DefineSettings() {
 	    "For TLS, SASL, compression and tuning. May hold secrets: only superusers can read it.",
 	    &settings.kafka_properties, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
 	    nullptr, nullptr, nullptr);
+	DefineCustomStringVariable(
+	    "outbox.kafka_properties_file", "File of extra librdkafka producer properties, one name=value a line.",
+	    "For secrets (SASL passwords, key passwords): the worker reads the file, so the values never pass through "
+	    "a setting, whose new value the server logs on reload. Only its owner may read it.",
+	    &settings.kafka_properties_file, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY, nullptr, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.publish_timeout", "How long one event may stay in flight to Kafka.",
 	                        "librdkafka's message.timeout.ms; bounds how long a claimed batch waits for the broker.",
 	                        &settings.publish_timeout_ms, 30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,

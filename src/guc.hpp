@@ -12,6 +12,7 @@ struct Settings {
 	// Kafka.
 	char *bootstrap_servers;
 	char *kafka_properties; // superuser-only and hidden: may hold SASL passwords
+	char *kafka_properties_file; // path of name=value lines read by the worker (for secrets)
 	int publish_timeout_ms;
 	// Batching and pacing.
 	int batch_size;

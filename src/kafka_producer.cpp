@@ -4,6 +4,7 @@
 #include <librdkafka/rdkafka.h>
 
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <pthread.h>
 #include <set>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -25,7 +27,6 @@ namespace outbox::kafka {
 namespace {
 
 constexpr size_t kMaxBufferedLogLines = 256;
-constexpr int kMaxQueueFullWaits = 50; // x 100 ms
 // Longer than handing over a full batch takes (about 1 ms per 1,000 events here).
 constexpr int kLingerMs = 50;
 
@@ -58,6 +59,189 @@ Trim(const std::string &s) {
 	return s.substr(b, e - b + 1);
 }
 
+// One librdkafka property of the producer. `source` and `entry` say where a user's came from:
+// an entry of outbox.kafka_properties or a line of outbox.kafka_properties_file (1-based);
+// entry 0 is the relay's own. Errors about a user entry name its place, never its value: a
+// value may be a secret, and a fragment of one may sit where a name is expected.
+struct Property {
+	std::string name;
+	std::string value;
+	int entry;
+	const char *source;
+
+	bool operator==(const Property &o) const {
+		return name == o.name && value == o.value;
+	}
+};
+
+using Properties = std::vector<Property>;
+
+constexpr const char *kPropertiesEntry = "outbox.kafka_properties entry";
+constexpr const char *kPropertiesFileLine = "outbox.kafka_properties_file line";
+
+std::string
+EntryError(const char *source, int entry, const char *what) {
+	return std::string(source) + " " + std::to_string(entry) + " " + what;
+}
+
+// Each (position, text) entry is name=value: the first '=' separates, blanks around both are
+// trimmed, an empty entry is skipped. Appends them to *out.
+bool
+AddEntries(const std::vector<std::pair<int, std::string>> &entries, const char *source, Properties *out,
+           std::string *error) {
+	for (const auto &[entry, text] : entries) {
+		std::string item = Trim(text);
+		if (item.empty()) {
+			continue;
+		}
+		size_t eq = item.find('=');
+		std::string name = Trim(item.substr(0, eq));
+		if (eq == std::string::npos || name.empty()) {
+			*error = EntryError(source, entry, "is not name=value (in outbox.kafka_properties entries are separated "
+			                                   "by ';', and \\; is a ';' inside a value)");
+			return false;
+		}
+		for (const auto &reserved : kReservedProperties) {
+			if (name == reserved[0]) { // a name of our own list: safe to repeat
+				*error = std::string(source) + " " + std::to_string(entry) + " may not set \"" + name +
+				         "\": " + reserved[1];
+				return false;
+			}
+		}
+		out->push_back(Property{name, Trim(item.substr(eq + 1)), entry, source});
+	}
+	return true;
+}
+
+// outbox.kafka_properties: entries separated by ';'; "\;" is a literal ';' and "\\" a
+// backslash, any other backslash is an error.
+bool
+ParseUserProperties(const char *text, Properties *out, std::string *error) {
+	std::vector<std::pair<int, std::string>> entries{{1, ""}};
+	for (const char *c = text ? text : ""; *c; c++) {
+		if (*c == ';') {
+			entries.emplace_back(int(entries.size()) + 1, "");
+		} else if (*c != '\\') {
+			entries.back().second += *c;
+		} else if (c[1] == ';' || c[1] == '\\') {
+			entries.back().second += *++c;
+		} else {
+			*error = EntryError(kPropertiesEntry, int(entries.size()),
+			                    "has a backslash that is neither \\; nor \\\\ (\\; is a literal semicolon, "
+			                    "\\\\ a backslash)");
+			return false;
+		}
+	}
+	return AddEntries(entries, kPropertiesEntry, out, error);
+}
+
+// outbox.kafka_properties_file: one name=value a line, taken literally ('#' starts a comment
+// line). The place for secrets: a setting's new value is written to the server log by the
+// postmaster on every reload, a file's content never is. Refused while group or others may read
+// it, like the server's TLS key.
+bool
+ParsePropertiesFile(const char *path, Properties *out, std::string *error) {
+	if (path == nullptr || path[0] == '\0') {
+		return true;
+	}
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0) {
+		*error = std::string("outbox.kafka_properties_file: cannot open \"") + path + "\": " + strerror(errno);
+		if (fd >= 0) {
+			close(fd);
+		}
+		return false;
+	}
+	if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		*error = std::string("outbox.kafka_properties_file \"") + path +
+		         "\" must be a regular file that only its owner can read (chmod 600)";
+		return false;
+	}
+	std::string text;
+	char buf[4096];
+	for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) {
+		text.append(buf, size_t(n));
+	}
+	close(fd);
+	std::vector<std::pair<int, std::string>> entries;
+	size_t start = 0;
+	for (int line = 1; start <= text.size(); line++) {
+		size_t end = text.find('\n', start);
+		std::string item = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+		if (Trim(item).rfind('#', 0) != 0) {
+			entries.emplace_back(line, item);
+		}
+		if (end == std::string::npos) {
+			break;
+		}
+		start = end + 1;
+	}
+	return AddEntries(entries, kPropertiesFileLine, out, error);
+}
+
+// The whole librdkafka configuration of a producer, made from nothing but `config`: the one
+// list both CreateProducer and ConfigDiffers use.
+bool
+BuildProperties(const ProducerConfig &config, Properties *out, std::string *error) {
+	auto own = [out](const char *name, std::string value) {
+		out->push_back(Property{name, std::move(value), 0, nullptr});
+	};
+	own("bootstrap.servers", config.bootstrap_servers ? config.bootstrap_servers : "");
+	own("enable.idempotence", "true");
+	own("acks", "all");
+	// A batch the broker rejects must not be followed by its successors on the partition (they
+	// would overtake it): librdkafka raises a fatal error instead, and the relay recreates the
+	// producer and resends in order.
+	own("enable.gapless.guarantee", "true");
+	// Up to 5 requests in flight per broker, the idempotent producer's limit: librdkafka sends
+	// one request per partition, so fewer would send a batch's partitions one round trip after
+	// another (4 to 6 times slower here). Order across requests of one partition rests on the
+	// broker's sequence check (what idempotence guarantees); and as the worker hands over a
+	// whole batch at once and waits for all of it before the next, a partition's share of a
+	// batch normally travels in a single request, so there is no second request of that
+	// partition on the wire to overtake it.
+	own("max.in.flight.requests.per.connection", "5");
+	own("partitioner", "murmur2_random");
+	own("message.timeout.ms", std::to_string(config.message_timeout_ms));
+	// A topic that does not exist must fail as UNKNOWN_TOPIC (the event's fault) before its
+	// messages time out (which would look like broker trouble).
+	own("topic.metadata.propagation.max.ms", std::to_string(config.message_timeout_ms / 2));
+	own("log.queue", "true");
+	// Hold messages while the worker hands the batch over, so that a partition's share does not
+	// leave in two requests (above). SendBatch() then sends at once (linger does not apply
+	// during a flush).
+	own("linger.ms", std::to_string(kLingerMs));
+	own("socket.nagle.disable", "true");
+	// Room for the largest event enqueue accepts plus record overhead (user-settable).
+	own("message.max.bytes", std::to_string(std::max(1000000L, long(config.max_event_bytes) + 65536L)));
+	return ParseUserProperties(config.extra_properties, out, error) &&
+	       ParsePropertiesFile(config.properties_file, out, error);
+}
+
+// librdkafka's own error texts may quote a value: every user value in `text` becomes ***.
+std::string
+WithoutUserValues(std::string text, const Properties &properties) {
+	for (const Property &p : properties) {
+		for (size_t at; p.entry > 0 && !p.value.empty() && (at = text.find(p.value)) != std::string::npos;) {
+			text.replace(at, p.value.size(), "***");
+		}
+	}
+	return text;
+}
+
+bool
+StopRequested(const ProducerConfig &config) {
+	return config.stop_requested != nullptr && config.stop_requested();
+}
+
+long
+MillisSince(std::chrono::steady_clock::time_point start) {
+	return long(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start)
+	                .count());
+}
+
 // Blocks every signal in this thread while librdkafka starts its threads, so they inherit a
 // fully blocked mask and no Postgres signal handler ever runs on them.
 class AllSignalsBlocked {
@@ -88,6 +272,9 @@ public:
 
 	bool Init(const ProducerConfig &config, std::string *error);
 
+	ProducerConfig config{};      // its strings are not kept: the settings may change under them
+	Properties properties;        // the configuration the handle was made with
+	int queue_full_wait_left_ms = 0; // of this batch
 	rd_kafka_t *rk = nullptr;
 	rd_kafka_queue_t *main_queue = nullptr;
 	int pipe_fds[2] = {-1, -1};
@@ -189,76 +376,31 @@ Producer::~Producer() {
 }
 
 bool
-Producer::Init(const ProducerConfig &config, std::string *error) {
+Producer::Init(const ProducerConfig &from, std::string *error) {
+	config = from;
+	config.bootstrap_servers = nullptr;
+	config.extra_properties = nullptr;
+	config.properties_file = nullptr;
+	if (!BuildProperties(from, &properties, error)) {
+		return false;
+	}
 	char errstr[512];
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
-	auto set = [&](const std::string &name, const std::string &value) {
-		if (rd_kafka_conf_set(conf, name.c_str(), value.c_str(), errstr, sizeof(errstr)) != RD_KAFKA_CONF_OK) {
-			// The value may be a password: it must not reach the log or outbox.workers.
-			std::string reason = errstr;
-			for (size_t at; !value.empty() && (at = reason.find(value)) != std::string::npos;) {
-				reason.replace(at, value.size(), "***");
-			}
-			*error = "librdkafka property \"" + name + "\": " + reason;
-			return false;
-		}
-		return true;
-	};
-	bool ok = set("bootstrap.servers", config.bootstrap_servers) && set("enable.idempotence", "true") &&
-	          set("acks", "all") &&
-	          // A batch the broker rejects must not be followed by its successors on the partition
-	          // (they would overtake it): librdkafka raises a fatal error instead, and the relay
-	          // recreates the producer and resends in order.
-	          set("enable.gapless.guarantee", "true") &&
-	          // Up to 5 requests in flight per broker, the idempotent producer's limit: librdkafka
-	          // sends one request per partition, so fewer would send a batch's partitions one
-	          // round trip after another (4 to 6 times slower here). Order across requests of one
-	          // partition rests on the broker's sequence check (what idempotence guarantees); and
-	          // as the worker hands over a whole batch at once and waits for all of it before the
-	          // next, a partition's share of a batch normally travels in a single request, so
-	          // there is no second request of that partition on the wire to overtake it.
-	          set("max.in.flight.requests.per.connection", "5") && set("partitioner", "murmur2_random") &&
-	          set("message.timeout.ms", std::to_string(config.message_timeout_ms)) &&
-	          // A topic that does not exist must fail as UNKNOWN_TOPIC (the event's fault) before
-	          // its messages time out (which would look like broker trouble).
-	          set("topic.metadata.propagation.max.ms", std::to_string(config.message_timeout_ms / 2)) &&
-	          set("log.queue", "true") &&
-	          // Hold messages while the worker hands the batch over, so that a partition's share
-	          // does not leave in two requests (above). SendBatch() then sends at once (linger
-	          // does not apply during a flush).
-	          set("linger.ms", std::to_string(kLingerMs)) && set("socket.nagle.disable", "true") &&
-	          // Room for the largest event enqueue accepts plus record overhead (user-settable).
-	          set("message.max.bytes", std::to_string(std::max(1000000L, long(config.max_event_bytes) + 65536L)));
-
-	// User properties: name=value;name=value
-	std::string extra = config.extra_properties ? config.extra_properties : "";
-	size_t start = 0;
-	while (ok && start <= extra.size()) {
-		size_t end = extra.find(';', start);
-		if (end == std::string::npos) {
-			end = extra.size();
-		}
-		std::string item = Trim(extra.substr(start, end - start));
-		start = end + 1;
-		if (item.empty()) {
+	for (const Property &p : properties) {
+		rd_kafka_conf_res_t res = rd_kafka_conf_set(conf, p.name.c_str(), p.value.c_str(), errstr, sizeof(errstr));
+		if (res == RD_KAFKA_CONF_OK) {
 			continue;
 		}
-		size_t eq = item.find('=');
-		if (eq == std::string::npos) {
-			*error = "outbox.kafka_properties: an entry is not name=value (entries are separated by ';')";
-			ok = false;
-			break;
+		if (p.entry == 0) {
+			*error = "librdkafka property \"" + p.name + "\": " + errstr; // our own value, no secret
+		} else if (res == RD_KAFKA_CONF_UNKNOWN) {
+			// Not named: a name that is no property may be a fragment of a secret.
+			*error = EntryError(p.source, p.entry, "names no librdkafka property");
+		} else {
+			// librdkafka's errstr quotes the value: not passed on.
+			*error = EntryError(p.source, p.entry,
+			                    ("sets \"" + p.name + "\" to a value librdkafka refuses (not shown)").c_str());
 		}
-		std::string name = Trim(item.substr(0, eq));
-		for (const auto &reserved : kReservedProperties) {
-			if (name == reserved[0]) {
-				*error = "outbox.kafka_properties may not set \"" + name + "\": " + reserved[1];
-				ok = false;
-			}
-		}
-		ok = ok && set(name, Trim(item.substr(eq + 1)));
-	}
-	if (!ok) {
 		rd_kafka_conf_destroy(conf);
 		return false;
 	}
@@ -273,7 +415,7 @@ Producer::Init(const ProducerConfig &config, std::string *error) {
 	}
 	if (rk == nullptr) {
 		rd_kafka_conf_destroy(conf); // only consumed on success
-		*error = std::string("could not create the Kafka producer: ") + errstr;
+		*error = WithoutUserValues(std::string("could not create the Kafka producer: ") + errstr, properties);
 		return false;
 	}
 	// Logs go to the main queue, so they are served by rd_kafka_poll on our thread like
@@ -316,11 +458,24 @@ DestroyProducer(Producer *producer) noexcept {
 }
 
 bool
+ConfigDiffers(const Producer *p, const ProducerConfig &config) noexcept {
+	try {
+		Properties properties;
+		std::string error;
+		// A configuration that does not parse differs: remaking the producer reports it.
+		return !BuildProperties(config, &properties, &error) || properties != p->properties;
+	} catch (const std::bad_alloc &) {
+		return true;
+	}
+}
+
+bool
 BeginBatch(Producer *p, int n) noexcept {
 	try {
 		p->generation++;
-		p->results.assign(size_t(n), Delivery{false, 0, -1, -1});
+		p->results.assign(size_t(n), Delivery{false, false, 0, -1, -1});
 		p->outstanding = 0;
+		p->queue_full_wait_left_ms = kQueueFullBudgetMs;
 		return true;
 	} catch (const std::bad_alloc &) {
 		return false;
@@ -328,25 +483,37 @@ BeginBatch(Producer *p, int n) noexcept {
 }
 
 void
-PrepareTopic(Producer *p, const char *topic, int timeout_ms) noexcept {
-	// Called for every event of a batch: a topic already seen is found without a string copy.
-	if (p->known_topics.find(topic) != p->known_topics.end()) {
-		return;
+PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_ms) noexcept {
+	auto start = std::chrono::steady_clock::now();
+	for (int i = 0; i < n_topics; i++) {
+		// Called with every event's topic: a topic already seen is found without a string copy.
+		if (p->known_topics.find(topics[i]) != p->known_topics.end()) {
+			continue;
+		}
+		long left_ms = budget_ms - MillisSince(start);
+		if (left_ms <= 0 || StopRequested(p->config)) {
+			return;
+		}
+		rd_kafka_topic_t *rkt = rd_kafka_topic_new(p->rk, topics[i], nullptr);
+		if (rkt == nullptr) {
+			continue;
+		}
+		const struct rd_kafka_metadata *md = nullptr;
+		rd_kafka_resp_err_t err =
+		    rd_kafka_metadata(p->rk, 0, rkt, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));
+		if (md) {
+			rd_kafka_metadata_destroy(md);
+		}
+		rd_kafka_topic_destroy(rkt);
+		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
+			return; // no answer: the next topics would wait as long; looked up again next batch
+		}
+		try {
+			p->known_topics.emplace(topics[i]);
+		} catch (const std::bad_alloc &) {
+			return; // only an optimisation
+		}
 	}
-	try {
-		p->known_topics.emplace(topic);
-	} catch (const std::bad_alloc &) {
-		return; // only an optimisation
-	}
-	rd_kafka_topic_t *rkt = rd_kafka_topic_new(p->rk, topic, nullptr);
-	if (rkt == nullptr) {
-		return;
-	}
-	const struct rd_kafka_metadata *md = nullptr;
-	if (rd_kafka_metadata(p->rk, 0, rkt, &md, timeout_ms) == RD_KAFKA_RESP_ERR_NO_ERROR && md) {
-		rd_kafka_metadata_destroy(md);
-	}
-	rd_kafka_topic_destroy(rkt);
 }
 
 int
@@ -356,22 +523,26 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 		rd_kafka_header_add(headers, m.headers[i].name, -1, m.headers[i].value, ssize_t(m.headers[i].value_len));
 	}
 	uintptr_t tag = (uintptr_t(p->generation) << 32) | uintptr_t(uint32_t(index));
-	for (int waits = 0;; waits++) {
+	for (;;) {
 		rd_kafka_resp_err_t err = rd_kafka_producev(
 		    p->rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_KEY(const_cast<void *>(m.key), m.key_len),
 		    RD_KAFKA_V_VALUE(const_cast<void *>(m.value), m.value_len), RD_KAFKA_V_HEADERS(headers),
 		    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(reinterpret_cast<void *>(tag)),
 		    RD_KAFKA_V_END);
-		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && waits < kMaxQueueFullWaits) {
-			// Serve reports to make room. Bounded: past it the event goes back to pending
-			// (QUEUE_FULL is not the event's fault) and the worker is not held up.
-			rd_kafka_poll(p->rk, 100);
+		if (err == RD_KAFKA_RESP_ERR__QUEUE_FULL && p->queue_full_wait_left_ms > 0 && !StopRequested(p->config)) {
+			// Serve reports to make room, a slice at a time. Bounded per batch: past it the
+			// event goes back to pending (QUEUE_FULL is not the event's fault) and the worker is
+			// not held up.
+			auto start = std::chrono::steady_clock::now();
+			rd_kafka_poll(p->rk, std::min(kWaitSliceMs, p->queue_full_wait_left_ms));
+			p->queue_full_wait_left_ms -= std::max(1L, MillisSince(start));
 			continue;
 		}
 		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
 			rd_kafka_headers_destroy(headers); // owned by the message only on success
 			Delivery &d = p->results[size_t(index)];
 			d.reported = true;
+			d.refused_at_produce = true;
 			d.err = err;
 			return err;
 		}
@@ -442,22 +613,27 @@ TakeLogLine(Producer *p, char *buf, size_t len, int *syslog_level) noexcept {
 ErrorClass
 Classify(int err) noexcept {
 	switch (rd_kafka_resp_err_t(err)) {
-	// The event itself is refused: count an attempt.
+	// The broker refused the record batch: this event's fault, or another's of its batch.
 	case RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE:
 	case RD_KAFKA_RESP_ERR_INVALID_RECORD:
 	case RD_KAFKA_RESP_ERR_INVALID_MSG:
 	case RD_KAFKA_RESP_ERR_RECORD_LIST_TOO_LARGE:
+	case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
+	case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
+	case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
+		return ErrorClass::RecordBatch;
+	// The event's topic is refused, for every event of it: count an attempt.
 	case RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED:
 	case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
 	case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
 	case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
 	case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
-	case RD_KAFKA_RESP_ERR_POLICY_VIOLATION:
-	case RD_KAFKA_RESP_ERR_INVALID_TIMESTAMP:
-	case RD_KAFKA_RESP_ERR_UNSUPPORTED_FOR_MESSAGE_FORMAT:
 	case RD_KAFKA_RESP_ERR__INVALID_ARG:
 	case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
 		return ErrorClass::PerEvent;
+	case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
+	case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
+		return ErrorClass::Purged;
 	// Everything else is about the broker, the connection or the producer (timeouts, transport,
 	// not enough replicas, purged by a fatal error, out-of-order after a rejected predecessor):
 	// the event did nothing wrong and must not use up its attempts.
@@ -474,11 +650,6 @@ ErrorName(int err) noexcept {
 const char *
 ErrorText(int err) noexcept {
 	return rd_kafka_err2str(rd_kafka_resp_err_t(err));
-}
-
-bool
-IsQueueFull(int err) noexcept {
-	return err == RD_KAFKA_RESP_ERR__QUEUE_FULL;
 }
 
 } // namespace outbox::kafka

@@ -31,7 +31,8 @@ struct Message {
 
 struct Delivery {
 	bool reported;
-	int err; // rd_kafka_resp_err_t; 0 = appended to the partition log
+	bool refused_at_produce; // refused by the producer itself, before any broker saw it
+	int err;                 // rd_kafka_resp_err_t; 0 = appended to the partition log
 	int32_t partition;
 	int64_t offset;
 };
@@ -40,32 +41,56 @@ enum class ErrorClass {
 	// The broker or the connection is in trouble, or the outcome is unknown: send the event again
 	// later, without counting an attempt.
 	BrokerWide,
-	// This event was refused (too large, bad topic, not authorised, record rejected).
+	// This event was refused (bad topic, topic not authorised): every event of the topic is.
 	PerEvent,
+	// The broker refused the record batch the event travelled in (over the topic's
+	// max.message.bytes, an unkeyed record for a compacted topic, ...): Kafka refuses record
+	// batches, not records, so the fault may be another event's of the same partition. Per
+	// event only when the event was alone in its batch (or refused by the producer itself).
+	RecordBatch,
+	// Dropped from the producer's queue, never sent, after another event's fatal error: not
+	// this event's fault, nor the broker's.
+	Purged,
 };
 
+// Polled between the time slices of every wait in this file: the worker's interrupt flags
+// (shutdown, cancel, postmaster death), read without calling Postgres.
+using StopCheck = bool (*)() noexcept;
+
+// Every setting the producer's librdkafka configuration is made from. ConfigDiffers() compares
+// the configuration these give with the producer's own, so a reload of any of them remakes it.
 struct ProducerConfig {
 	const char *bootstrap_servers;
-	const char *extra_properties; // "name=value;name=value"
+	const char *extra_properties; // name=value;name=value, where \; is a literal ; and \\ a backslash
+	const char *properties_file;  // "" or a path: name=value lines (secrets)
 	int message_timeout_ms;
 	int max_event_bytes; // outbox.max_payload_bytes
+	StopCheck stop_requested;
 };
 
 class Producer;
 
-// nullptr on a bad configuration, with the reason in errbuf (names the bad property).
+// nullptr on a bad configuration, with the reason in errbuf. The reason never holds a value of
+// extra_properties (it may be a secret): it names a known property or an entry's position.
 Producer *CreateProducer(const ProducerConfig &config, char *errbuf, size_t errlen) noexcept;
+// Purges what is queued or in flight and destroys the handle (its rows go back to pending).
 void DestroyProducer(Producer *producer) noexcept;
+// Whether `config` would give a librdkafka configuration other than the producer's.
+bool ConfigDiffers(const Producer *producer, const ProducerConfig &config) noexcept;
 
 // Starts a batch of `n` messages: results are kept per index until the next BeginBatch.
 // Reports of messages of an earlier batch (after a timeout) are ignored.
 bool BeginBatch(Producer *producer, int n) noexcept;
 // librdkafka 2.0.2 looks up a topic it has not seen on its next one-second metadata tick; a
-// first publish to a topic would wait for it. This asks for the topic's metadata at once (once
-// per topic and producer, bounded by timeout_ms).
-void PrepareTopic(Producer *producer, const char *topic, int timeout_ms) noexcept;
+// first publish to a topic would wait for it. This asks for the metadata of each topic not seen
+// yet at once (once per topic and producer), at most kMetadataLookupMs each and budget_ms in
+// all; the first look-up that times out ends it (the broker is not answering, the others would
+// wait the same), and so does the stop check. Only an optimisation: a topic not looked up here
+// is looked up by librdkafka itself.
+void PrepareTopics(Producer *producer, const char *const *topics, int n_topics, int budget_ms) noexcept;
 // Enqueues message `index` of the batch. Returns 0, or the librdkafka error that refused it
-// locally (its result is then not waited for). Waits for queue space when the queue is full.
+// locally (its result is then not waited for). When the queue is full it waits for room, in
+// slices, at most kQueueFullBudgetMs per batch, and not once the stop check is true.
 int Produce(Producer *producer, int index, const Message &message) noexcept;
 // Sends what is queued at once and waits up to max_wait_ms for its delivery reports (fewer when
 // all are in), serving them on the calling thread.
@@ -91,6 +116,10 @@ bool TakeLogLine(Producer *producer, char *buf, size_t len, int *syslog_level) n
 ErrorClass Classify(int err) noexcept;
 const char *ErrorName(int err) noexcept;
 const char *ErrorText(int err) noexcept;
-bool IsQueueFull(int err) noexcept;
+
+// The waits' bounds (README, DESIGN.md "Failures").
+constexpr int kMetadataLookupMs = 500;
+constexpr int kQueueFullBudgetMs = 5000;
+constexpr int kWaitSliceMs = 100;
 
 } // namespace outbox::kafka

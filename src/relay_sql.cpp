@@ -342,7 +342,12 @@ MaybeInjectFailure(const char *) {
 // Runs a step's statement; `step` names it for the test builds' fault injection.
 void
 Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
+	// statement_timeout is armed by the protocol loop for client commands only: a background
+	// worker's SPI statements run without it unless armed here. (An ERROR leaves it to the
+	// recovery block's disable_all_timeouts.)
+	enable_timeout_after(STATEMENT_TIMEOUT, settings.statement_timeout_ms);
 	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
+	disable_timeout(STATEMENT_TIMEOUT, false);
 	if (rc != expected) {
 		elog(ERROR, "outbox relay: statement failed: %s", SPI_result_code_string(rc));
 	}

@@ -24,12 +24,19 @@ namespace {
 
 constexpr int kRestartSeconds = 5;
 constexpr long kErrorPauseMs = 1000;
-constexpr long kShutdownGraceMs = 5000;    // how long SIGTERM lets a batch in flight finish
+// SIGTERM, fast shutdown and cancel are served within 5 s (README, DESIGN.md): a wait inside the
+// producer ends within one slice (kafka::kMetadataLookupMs at most), a batch in flight gets
+// kShutdownGraceMs for its reports, and recording it and closing the producer take the rest.
+constexpr long kShutdownGraceMs = 3000;
 constexpr long kPublishWaitMarginMs = 5000; // beyond publish_timeout, for the last reports
 constexpr long kPurgeIntervalMs = 60000;
 constexpr int kMaxPurgeBatchesPerRound = 100;
 constexpr long kRepeatLogLineMs = 60000;
-constexpr int kTopicMetadataWaitMs = 2000;
+constexpr int kTopicMetadataBudgetMs = 2000; // per batch, all its new topics together
+// A broker refusing a record batch refuses all of its events: when several events of one
+// partition got such an error, each is sent again alone (DESIGN.md "Failures"), at most this many
+// per batch; the rest go back to pending without an attempt.
+constexpr int kMaxSoloSendsPerBatch = 100;
 // How long the worker waits inside librdkafka for a batch's reports before its own wait loop
 // (latch, shutdown, postmaster death) takes over; a round trip or a few is the usual case.
 constexpr int kSendWaitMs = 100;
@@ -45,10 +52,6 @@ TableState last_table_state = TableState::Ready;
 int outage_steps = 0;
 TimestampTz backoff_until = 0;
 TimestampTz last_purge = 0;
-// The Kafka settings the producer was made with; a reload that changes them remakes it.
-char producer_bootstrap[1024];
-char producer_properties[4096];
-int producer_timeout_ms = 0;
 // Log de-duplication, so a down broker or a bad setting gives one line, not one per retry.
 char last_logged[512];
 TimestampTz last_logged_at = 0;
@@ -170,11 +173,25 @@ PinSessionSettings() {
 	}
 }
 
+// The interrupts that must end a wait inside the producer, read as plain flags (no ereport, no
+// Postgres call): the producer polls this between its time slices, and the worker serves the
+// interrupt once the call has returned.
+bool
+StopRequested() noexcept {
+	return ShutdownRequestPending || QueryCancelPending || ProcDiePending || getppid() != PostmasterPid;
+}
+
+// The one place the producer's settings are read: both to make it and to see a reload change it.
+kafka::ProducerConfig
+CurrentProducerConfig() {
+	return kafka::ProducerConfig{settings.bootstrap_servers,       settings.kafka_properties,
+	                             settings.kafka_properties_file,   settings.publish_timeout_ms,
+	                             settings.max_payload_bytes,       StopRequested};
+}
+
 bool
 KafkaSettingsChanged() {
-	return strcmp(producer_bootstrap, settings.bootstrap_servers) != 0 ||
-	       strcmp(producer_properties, settings.kafka_properties) != 0 ||
-	       producer_timeout_ms != settings.publish_timeout_ms;
+	return kafka::ConfigDiffers(producer, CurrentProducerConfig());
 }
 
 // Creates the producer if there is none. On a bad setting the worker reports it, logs it once
@@ -185,12 +202,7 @@ EnsureProducer() {
 		return true;
 	}
 	char error[512];
-	kafka::ProducerConfig config{settings.bootstrap_servers, settings.kafka_properties, settings.publish_timeout_ms,
-	                             settings.max_payload_bytes};
-	producer = kafka::CreateProducer(config, error, sizeof(error));
-	strlcpy(producer_bootstrap, settings.bootstrap_servers, sizeof(producer_bootstrap));
-	strlcpy(producer_properties, settings.kafka_properties, sizeof(producer_properties));
-	producer_timeout_ms = settings.publish_timeout_ms;
+	producer = kafka::CreateProducer(CurrentProducerConfig(), error, sizeof(error));
 	if (producer == nullptr) {
 		SetWorkerError(slot, WorkerState::Misconfigured, error);
 		LogOnce(LOG, psprintf("misconfigured, not publishing until the settings are fixed and reloaded: %s", error));
@@ -253,61 +265,16 @@ MaybeCrashAfterAck(const Batch &, const Outcome *) {
 }
 #endif
 
-// Sends the batch and waits, bounded, for every delivery report. Returns the outcome of each
-// event; errors[i] is set for everything not published.
-void
-Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors, bool *broker_trouble) {
-	int n = batch.n;
-	if (!kafka::BeginBatch(producer, n)) {
-		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory for a relay batch")));
-	}
-	// When the producer refuses an event at once, later events of the same key in this batch are
-	// not sent either: they would overtake it. They go back to pending untouched.
-	const char **stopped_keys = static_cast<const char **>(palloc0(sizeof(char *) * n));
-	int n_stopped = 0;
-	// Topic metadata first: a first look-up is a broker round trip, and made inside the produce
-	// loop it would let the messages already produced linger out and leave in a request of their
-	// own (a partition's share of the batch must travel in one request, DESIGN.md).
-	for (int i = 0; i < n; i++) {
-		kafka::PrepareTopic(producer, batch.events[i].topic, kTopicMetadataWaitMs);
-	}
-	for (int i = 0; i < n; i++) {
-		const ClaimedEvent &e = batch.events[i];
-		outcomes[i] = Outcome::Requeued;
-		errors[i] = nullptr;
-		if (e.quarantine) {
-			// Never sent; its key stops here for this batch like behind a refused event.
-			outcomes[i] = Outcome::Quarantined;
-			errors[i] = e.quarantine;
-			if (e.key) {
-				stopped_keys[n_stopped++] = e.key;
-			}
-			continue;
-		}
-		bool behind_refused = false;
-		for (int k = 0; e.key && k < n_stopped; k++) {
-			if (strcmp(stopped_keys[k], e.key) == 0) {
-				behind_refused = true;
-				break;
-			}
-		}
-		if (behind_refused) {
-			continue;
-		}
-		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
-		int err = kafka::Produce(producer, i, m);
-		if (err != 0 && e.key) {
-			stopped_keys[n_stopped++] = e.key;
-		}
-	}
-	kafka::SendBatch(producer, kSendWaitMs);
-
-	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), settings.publish_timeout_ms + kPublishWaitMarginMs);
+// Waits, bounded, for the reports of everything the producer holds: on the latch, postmaster
+// death and librdkafka's wake pipe. SIGTERM shortens the wait to kShutdownGraceMs; a cancel is
+// served here (an ERROR: the recovery block requeues the batch). False when reports are missing.
+bool
+AwaitReports(long max_wait_ms) {
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), max_wait_ms);
 	bool shutdown_seen = false;
 	while (kafka::Outstanding(producer) > 0) {
 		TimestampTz now = GetCurrentTimestamp();
 		if (ShutdownRequestPending && !shutdown_seen) {
-			// Stop within a bounded time: give the batch a short grace, then requeue the rest.
 			shutdown_seen = true;
 			TimestampTz grace = TimestampTzPlusMilliseconds(now, kShutdownGraceMs);
 			if (grace < deadline) {
@@ -328,27 +295,216 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		ForwardProducerLog();
 		CHECK_FOR_INTERRUPTS();
 	}
-	bool gave_up = kafka::Outstanding(producer) > 0;
+	return kafka::Outstanding(producer) == 0;
+}
 
-	for (int i = 0; i < n; i++) {
-		deliveries[i] = kafka::Result(producer, i);
-		const kafka::Delivery &d = deliveries[i];
-		if (!d.reported) {
-			// Not sent (behind a refused event of its key), or no report in time.
+// Hands events indices[0..count) of the batch (in id order) to the producer in one go, sends
+// them and waits for their reports; deliveries[indices[j]] gets each result (not reported: not
+// sent, or no report in time). When the producer refuses an event at once, later events of its
+// key are not sent (they would overtake it); a stop request ends the hand-over. Waits at most
+// max_wait_ms for the reports; returns false when some are missing.
+bool
+SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *deliveries, long max_wait_ms) {
+	if (!kafka::BeginBatch(producer, count)) {
+		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory for a relay batch")));
+	}
+	// Topic metadata first: a first look-up is a broker round trip, and made inside the produce
+	// loop it would let the messages already produced linger out and leave in a request of their
+	// own (a partition's share of the batch must travel in one request, DESIGN.md).
+	const char **topics = static_cast<const char **>(palloc(sizeof(char *) * count));
+	for (int j = 0; j < count; j++) {
+		topics[j] = batch.events[indices[j]].topic;
+	}
+	kafka::PrepareTopics(producer, topics, count, kTopicMetadataBudgetMs);
+	const char **stopped_keys = static_cast<const char **>(palloc0(sizeof(char *) * count));
+	int n_stopped = 0;
+	for (int j = 0; j < count && !StopRequested(); j++) {
+		const ClaimedEvent &e = batch.events[indices[j]];
+		bool behind_refused = false;
+		for (int k = 0; e.key && k < n_stopped; k++) {
+			if (strcmp(stopped_keys[k], e.key) == 0) {
+				behind_refused = true;
+				break;
+			}
+		}
+		if (behind_refused) {
 			continue;
 		}
-		if (d.err == 0) {
-			outcomes[i] = Outcome::Published;
-			continue;
-		}
-		errors[i] = psprintf("%s: %s", kafka::ErrorName(d.err), kafka::ErrorText(d.err));
-		if (kafka::Classify(d.err) == kafka::ErrorClass::PerEvent) {
-			outcomes[i] = Outcome::Rejected;
-		} else {
-			*broker_trouble = true;
+		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
+		if (kafka::Produce(producer, j, m) != 0 && e.key) {
+			stopped_keys[n_stopped++] = e.key;
 		}
 	}
-	if (gave_up) {
+	kafka::SendBatch(producer, kSendWaitMs);
+	bool complete = AwaitReports(max_wait_ms);
+	for (int j = 0; j < count; j++) {
+		deliveries[indices[j]] = kafka::Result(producer, j);
+	}
+	return complete;
+}
+
+// Sets outcomes[i] and errors[i] from event i's delivery report. A record batch the broker
+// refused is charged to the event here; IsolateRefusedBatches takes that back where the batch
+// held other events too.
+void
+TakeResult(int i, const kafka::Delivery &d, Outcome *outcomes, const char **errors, bool *broker_trouble) {
+	outcomes[i] = Outcome::Requeued;
+	if (!d.reported) {
+		return; // not sent (behind a refused event of its key, or stopped), or no report in time
+	}
+	if (d.err == 0) {
+		outcomes[i] = Outcome::Published;
+		return;
+	}
+	errors[i] = psprintf("%s: %s", kafka::ErrorName(d.err), kafka::ErrorText(d.err));
+	switch (kafka::Classify(d.err)) {
+	case kafka::ErrorClass::PerEvent:
+	case kafka::ErrorClass::RecordBatch:
+		outcomes[i] = Outcome::Rejected;
+		break;
+	case kafka::ErrorClass::Purged:
+		break; // another event's fatal error dropped it unsent: pending again at once
+	case kafka::ErrorClass::BrokerWide:
+		*broker_trouble = true;
+		break;
+	}
+}
+
+// A refusal that the broker made for a whole record batch.
+bool
+RefusedWithItsBatch(const kafka::Delivery &d) {
+	return d.reported && !d.refused_at_produce && d.err != 0 &&
+	       kafka::Classify(d.err) == kafka::ErrorClass::RecordBatch;
+}
+
+// Whether an earlier event of event i's key in this batch is not published: sending i now
+// would let it overtake that one.
+bool
+BehindUnpublished(const Batch &batch, const Outcome *outcomes, int i) {
+	const char *key = batch.events[i].key;
+	for (int j = 0; key && j < i; j++) {
+		if (outcomes[j] != Outcome::Published && batch.events[j].key && strcmp(batch.events[j].key, key) == 0) {
+			return true;
+		}
+	}
+	return false;
+}
+
+// A producer that lost reports (they could still be appended behind the resent events) or hit
+// a fatal error cannot keep its guarantees: it goes, and EnsureProducer makes a new one.
+void
+DropProducerIfBroken(bool reports_missing) {
+	char fatal[512];
+	if (producer && kafka::IsFatal(producer, fatal, sizeof(fatal))) {
+		SetWorkerError(slot, WorkerState::Publishing, fatal);
+		DestroyProducer();
+	} else if (reports_missing) {
+		DestroyProducer();
+	}
+}
+
+// Kafka refuses record batches, not records: one event over the topic's max.message.bytes (or
+// an unkeyed one for a compacted topic) gets every event of its partition's batch the same
+// error. When several events of one partition got such an error, none is charged for it: each
+// is sent again alone, in id order, and only a refusal of that solo send is charged. A key stops
+// at its first unpublished event, so nothing of it overtakes an earlier one. Bounded by
+// kMaxSoloSendsPerBatch and outbox.publish_timeout, and ended by a stop request: what is not
+// tried goes back to pending without an attempt. (A solo send that waits past the pass's
+// deadline gives up: the producer is remade, nothing of it can be appended later.)
+void
+IsolateRefusedBatches(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors,
+                      bool *broker_trouble, bool *reports_missing) {
+	int n = batch.n;
+	int *refused = static_cast<int *>(palloc(sizeof(int) * n));
+	int n_refused = 0;
+	for (int i = 0; i < n; i++) {
+		if (RefusedWithItsBatch(deliveries[i])) {
+			refused[n_refused++] = i;
+		}
+	}
+	bool *suspect = static_cast<bool *>(palloc0(sizeof(bool) * n));
+	bool any = false;
+	for (int a = 0; a < n_refused; a++) {
+		for (int b = a + 1; b < n_refused; b++) {
+			const kafka::Delivery &da = deliveries[refused[a]], &db = deliveries[refused[b]];
+			if (da.partition == db.partition &&
+			    strcmp(batch.events[refused[a]].topic, batch.events[refused[b]].topic) == 0) {
+				suspect[refused[a]] = suspect[refused[b]] = any = true;
+			}
+		}
+	}
+	if (!any) {
+		return; // each refused record batch held one event: its own fault
+	}
+	for (int i = 0; i < n; i++) {
+		if (suspect[i]) {
+			outcomes[i] = Outcome::Requeued; // not charged unless refused alone
+		}
+	}
+	// Under enable.gapless.guarantee the refusal made the producer fatal: a new one sends.
+	DropProducerIfBroken(*reports_missing);
+	*reports_missing = false;
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), settings.publish_timeout_ms);
+	int tried = 0;
+	for (int i = 0; i < n; i++) {
+		if (!suspect[i] || BehindUnpublished(batch, outcomes, i)) {
+			continue;
+		}
+		if (tried >= kMaxSoloSendsPerBatch || StopRequested() || GetCurrentTimestamp() >= until ||
+		    !EnsureProducer()) {
+			break;
+		}
+		tried++;
+		long left_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+		bool complete = SendEvents(batch, &i, 1, deliveries, left_ms + kPublishWaitMarginMs);
+		TakeResult(i, deliveries[i], outcomes, errors, broker_trouble);
+		DropProducerIfBroken(!complete); // refused alone: fatal again
+		if (!complete) {
+			errors[i] = "no delivery report within outbox.publish_timeout";
+			*broker_trouble = true;
+		}
+		if (outcomes[i] == Outcome::Requeued) {
+			break; // the broker is in trouble, or a stop request: the rest waits for the next batch
+		}
+	}
+}
+
+// Sends the batch and waits, bounded, for every delivery report. Returns the outcome of each
+// event; errors[i] is set for everything not published.
+void
+Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors, bool *broker_trouble) {
+	int n = batch.n;
+	// Quarantined rows are never sent, and their key's later events in the batch are not sent
+	// either (they would overtake a row that is about to be failed): those go back untouched.
+	int *to_send = static_cast<int *>(palloc(sizeof(int) * n));
+	int n_send = 0;
+	const char **quarantined_keys = static_cast<const char **>(palloc0(sizeof(char *) * n));
+	int n_quarantined_keys = 0;
+	for (int i = 0; i < n; i++) {
+		const ClaimedEvent &e = batch.events[i];
+		deliveries[i] = kafka::Delivery{};
+		errors[i] = nullptr;
+		outcomes[i] = Outcome::Requeued;
+		bool behind_quarantined = false;
+		for (int k = 0; e.key && k < n_quarantined_keys; k++) {
+			behind_quarantined |= strcmp(quarantined_keys[k], e.key) == 0;
+		}
+		if (e.quarantine) {
+			outcomes[i] = Outcome::Quarantined;
+			errors[i] = e.quarantine;
+			if (e.key) {
+				quarantined_keys[n_quarantined_keys++] = e.key;
+			}
+		} else if (!behind_quarantined) {
+			to_send[n_send++] = i;
+		}
+	}
+	bool reports_missing =
+	    !SendEvents(batch, to_send, n_send, deliveries, settings.publish_timeout_ms + kPublishWaitMarginMs);
+	for (int j = 0; j < n_send; j++) {
+		TakeResult(to_send[j], deliveries[to_send[j]], outcomes, errors, broker_trouble);
+	}
+	if (reports_missing) {
 		*broker_trouble = true;
 		for (int i = 0; i < n; i++) {
 			if (!deliveries[i].reported && outcomes[i] == Outcome::Requeued) {
@@ -356,6 +512,8 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 			}
 		}
 	}
+	IsolateRefusedBatches(batch, outcomes, deliveries, errors, broker_trouble, &reports_missing);
+
 	// Broker-wide trouble only if nothing got through. When some events were appended and
 	// others timed out, their partitions (or topics) are the trouble: those events wait a while
 	// without using up attempts, and the worker goes on with every other key at full speed.
@@ -366,15 +524,16 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	if (*broker_trouble && published > 0) {
 		*broker_trouble = false;
 		for (int i = 0; i < n; i++) {
-			if (outcomes[i] == Outcome::Requeued && errors[i] != nullptr) {
+			if (outcomes[i] == Outcome::Requeued && errors[i] != nullptr &&
+			    (!deliveries[i].reported || kafka::Classify(deliveries[i].err) == kafka::ErrorClass::BrokerWide)) {
 				outcomes[i] = Outcome::Deferred;
 			}
 		}
 	}
 
 	// Every event of a key after one that was not published must not have been published
-	// either (gapless idempotent producer, and the refused-key rule above). Say so loudly if the
-	// client ever breaks that, rather than pretend.
+	// either (gapless idempotent producer, the refused-key rule and the solo sends' key rule).
+	// Say so loudly if the client ever breaks that, rather than pretend.
 	int overtaken = 0;
 	for (int i = 0; i < n; i++) {
 		if (outcomes[i] != Outcome::Published && batch.events[i].key) {
@@ -392,16 +551,9 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		                         worker_index, overtaken),
 		                  errdetail("The earlier events will follow them on the partition.")));
 	}
-
-	char fatal[512];
-	if (gave_up || kafka::IsFatal(producer, fatal, sizeof(fatal))) {
-		// Late reports, or a producer that can no longer keep its guarantees: start afresh so
-		// nothing from this batch can still be appended behind the resent events.
-		if (!gave_up) {
-			SetWorkerError(slot, WorkerState::Publishing, fatal);
-		}
-		DestroyProducer();
-	}
+	// Late reports, or a producer that can no longer keep its guarantees: start afresh so nothing
+	// from this batch can still be appended behind the resent events.
+	DropProducerIfBroken(reports_missing);
 }
 
 void
@@ -423,6 +575,11 @@ RunBatch(const Batch &batch) {
 	// Events of a partition that timed out while others were acked wait a few publish timeouts,
 	// so that batches of healthy keys do not keep waiting for them.
 	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
+	if (ShutdownRequestPending) {
+		// Stopping: a lock wait is not interrupted by SIGTERM, so it gets a short bound; what
+		// is not recorded goes back to pending at the next start (at-least-once).
+		SetConfigOption("lock_timeout", "1000", PGC_SUSET, PGC_S_OVERRIDE);
+	}
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms);
 	// Not recorded (DDL on the table): the rows stay in_flight until the next claim requeues
 	// them; they are sent again then (at-least-once).
