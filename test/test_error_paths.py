@@ -239,45 +239,45 @@ def test_purge_fails_then_recovers(mock_cluster, make_relay):
 
 # --- real faults -----------------------------------------------------------------------------
 
-def test_row_locks_past_lock_timeout_fail_record_and_requeue_then_recover(mock_cluster, make_relay):
-    # A session holds the in-flight rows FOR UPDATE: the record step, then the requeue of each
-    # next claim, wait outbox.lock_timeout (300 ms) and fail. Brokers down keep the batch out.
-    pg, pid = start_relay(make_relay, mock_cluster)
+# fault -> (settings of the relay, ERROR text). A session holds the in-flight rows FOR UPDATE
+# (the brokers are down, so the batch is out long enough to take them): the record step, then the
+# requeue of each next claim, wait on the row locks until the fault ends the wait.
+LOCK_WAIT_FAULTS = {
+    "lock_timeout": (dict(lock_timeout="300ms"), "canceling statement due to lock timeout"),
+    # outbox.statement_timeout tiny for a moment, lock_timeout far longer: the statement timeout
+    # must end the wait.
+    "statement_timeout": (dict(lock_timeout="60s"), "canceling statement due to statement timeout"),
+    "cancel": (dict(lock_timeout="60s"), "canceling statement due to user request"),
+}
+
+
+@pytest.mark.parametrize("fault", list(LOCK_WAIT_FAULTS))
+def test_row_lock_wait_of_record_and_requeue_ended_twice_by(mock_cluster, make_relay, fault):
+    settings, error = LOCK_WAIT_FAULTS[fault]
+    pg, pid = start_relay(make_relay, mock_cluster, **settings)
     expected = warm_up(pg)
     brokers(mock_cluster, up=False)
+    if fault == "statement_timeout":
+        # Set while the worker is idle: a reload is read between steps, never inside a lock wait.
+        pg.set(statement_timeout="200ms")
     offset = len(pg.log())
     expected = merge(expected, enqueue_committed(pg, ROUND, "at the fault"))
     holder = hold_in_flight_rows(pg)
     try:
-        wait_errors(pg, "canceling statement due to lock timeout", 2, offset)
-        # The first failure is the record step's, then the requeue's (the claim step's first statement).
+        for n in (1, 2):
+            if fault == "cancel":
+                wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
+                           == "Lock", 30, f"worker waiting on the row locks (cancel {n})")
+                assert pg.value("SELECT pg_cancel_backend(%s)", (pid,))
+            # Long before a 60 s lock_timeout.
+            wait_errors(pg, error, n, offset, timeout=20)
+        # The first wait ended is the record step's, the next the requeue's (the claim step's
+        # first statement).
         log = log_since(pg, offset)
-        assert "outbox relay: record" in log and "outbox relay: claim" in log
+        assert "STATEMENT:  outbox relay: record" in log and "STATEMENT:  outbox relay: claim" in log
     finally:
-        holder.rollback()
-        holder.close()
-    brokers(mock_cluster, up=True)
-    expected = merge(expected, enqueue_committed(pg, ROUND, "after the faults"))
-    assert_recovered(pg, mock_cluster, expected, pid, 0)
-
-
-def test_statement_timeout_fails_a_waiting_step_then_recovers(mock_cluster, make_relay):
-    # outbox.statement_timeout tiny for a moment, while a step waits on a row lock (lock_timeout
-    # far longer): the statement timeout must end the wait, twice, then the relay goes on when
-    # the timeout is back to normal.
-    pg, pid = start_relay(make_relay, mock_cluster, lock_timeout="60s")
-    expected = warm_up(pg)
-    brokers(mock_cluster, up=False)
-    # Set while the worker is idle: a reload is read between steps, never inside a lock wait.
-    pg.set(statement_timeout="200ms")
-    offset = len(pg.log())
-    expected = merge(expected, enqueue_committed(pg, ROUND, "at the fault"))
-    holder = hold_in_flight_rows(pg)
-    try:
-        # Long before the 60 s lock_timeout: two steps ended by the statement timeout.
-        wait_errors(pg, "canceling statement due to statement timeout", 2, offset, timeout=20)
-    finally:
-        pg.set(statement_timeout="60s")
+        if fault == "statement_timeout":
+            pg.set(statement_timeout="60s")
         holder.rollback()
         holder.close()
     brokers(mock_cluster, up=True)
