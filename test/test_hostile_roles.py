@@ -323,7 +323,10 @@ def test_database_owner_cannot_signal_the_relay_or_read_its_secret(owned_relay, 
 
 def inject_claim_error(pg):
     pg.set(test_fail_step="claim:1")  # one ERROR in the next claim step
-    wait_until(lambda: "injected failure of step claim" in pg.log(), 30, "the injected ERROR")
+    # Seen in outbox.workers once recovered from; in the log only as a FATAL (log_min_messages
+    # = log ranks ERROR below LOG).
+    wait_until(lambda: "injected failure of step claim" in pg.log() + str(pg.sql("SELECT last_error FROM "
+               "outbox.workers", dbname="shop")), 30, "the injected ERROR")
     pg.set(test_fail_step="")  # a restarted worker would take the setting afresh and fail again
 
 
