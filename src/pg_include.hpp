@@ -14,8 +14,8 @@ extern "C" {
 #include "catalog/pg_class.h"       // RELKIND_RELATION
 #include "catalog/pg_namespace.h"   // NamespaceRelationId
 #include "commands/extension.h"     // get_extension_oid
-#include "nodes/makefuncs.h"
-#include "parser/parse_func.h"      // LookupFuncName
+#include "catalog/pg_proc.h"        // Anum_pg_proc_oid: the relay role's EXECUTE on lane_of
+#include "catalog/pg_authid.h"      // BOOTSTRAP_SUPERUSERID
 #include "utils/acl.h"              // the relay role's rights, DROP DATABASE ownership
 #include "catalog/namespace.h"      // get_namespace_oid
 #include "catalog/pg_type.h"        // type OIDs for SPI parameters

@@ -220,9 +220,11 @@ RelayRole(Oid nsp, Oid rel) {
 	for (AclMode mode : needed) {
 		ok = ok && pg_class_aclcheck(rel, role, mode) == ACLCHECK_OK;
 	}
+	// Found in the checked schema directly: a name lookup would check the schema's USAGE for
+	// whoever the session is, which is not the question here.
 	Oid argtypes[2] = {TEXTOID, UUIDOID};
-	Oid lane_of = LookupFuncName(list_make2(makeString(pstrdup("outbox")), makeString(pstrdup("lane_of"))), 2,
-	                             argtypes, true);
+	Oid lane_of = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid, CStringGetDatum("lane_of"),
+	                              PointerGetDatum(buildoidvector(argtypes, 2)), ObjectIdGetDatum(nsp));
 	ok = ok && OidIsValid(lane_of) && OutboxProcAclCheck(lane_of, role, ACL_EXECUTE) == ACLCHECK_OK;
 	if (!ok) {
 		step_problem = psprintf("outbox.relay_role \"%s\" lacks USAGE on schema outbox, SELECT, UPDATE and DELETE on "

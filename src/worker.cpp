@@ -29,7 +29,10 @@ constexpr long kErrorPauseMs = 1000;
 // kShutdownGraceMs for its reports, and recording it and closing the producer take the rest.
 constexpr long kShutdownGraceMs = 3000;
 constexpr long kPublishWaitMarginMs = 5000; // beyond publish_timeout, for the last reports
+// Retention runs every minute, or every tenth of outbox.retention when that is shorter (a short
+// retention, as in tests, would otherwise keep rows up to a minute past it), at most once a second.
 constexpr long kPurgeIntervalMs = 60000;
+constexpr long kMinPurgeIntervalMs = 1000;
 constexpr int kMaxPurgeBatchesPerRound = 100;
 constexpr long kRepeatLogLineMs = 60000;
 constexpr int kTopicMetadataBudgetMs = 2000; // per batch, all its new topics together
@@ -167,6 +170,8 @@ PinSessionSettings() {
 	    // The record statement is prepared for its generic plan (relay_sql.cpp); a server-wide
 	    // plan_cache_mode would override that choice.
 	    {"plan_cache_mode", "auto"},
+	    // A database owner's exit_on_error = on would turn every recoverable ERROR into an exit.
+	    {"exit_on_error", "off"},
 	};
 	for (const auto &pin : pins) {
 		SetConfigOption(pin[0], pin[1], PGC_SUSET, PGC_S_OVERRIDE);
@@ -187,6 +192,18 @@ CurrentProducerConfig() {
 	return kafka::ProducerConfig{settings.bootstrap_servers,       settings.kafka_properties,
 	                             settings.kafka_properties_file,   settings.publish_timeout_ms,
 	                             settings.max_payload_bytes,       StopRequested};
+}
+
+// The database's settings are applied at connect, and its owner may give them a session_authorization
+// or a role (a superuser's session may become anyone): the worker would then run as that role,
+// and that role could signal it. Back to the bootstrap superuser it connected as.
+void
+PinSessionIdentity() {
+	StartTransactionCommand(); // the role names are looked up in the catalogs
+	SetConfigOption("session_authorization", GetUserNameFromId(BOOTSTRAP_SUPERUSERID, false), PGC_SUSET,
+	                PGC_S_OVERRIDE);
+	SetConfigOption("role", "none", PGC_SUSET, PGC_S_OVERRIDE);
+	CommitTransactionCommand();
 }
 
 bool
@@ -626,7 +643,8 @@ MaybePurge() {
 		return; // one worker keeps retention
 	}
 	TimestampTz now = GetCurrentTimestamp();
-	if (last_purge != 0 && !TimestampDifferenceExceeds(last_purge, now, kPurgeIntervalMs)) {
+	long interval_ms = Max(kMinPurgeIntervalMs, Min(kPurgeIntervalMs, long(settings.retention_s) * 100L));
+	if (last_purge != 0 && !TimestampDifferenceExceeds(last_purge, now, int(interval_ms))) {
 		return;
 	}
 	last_purge = now;
@@ -739,12 +757,16 @@ Attach(int index) {
 		}
 	}
 	connecting = true;
-	BackgroundWorkerInitializeConnection(settings.database, nullptr, 0);
+	// Like autovacuum, the relay is the server's own process: ALTER DATABASE ... ALLOW_CONNECTIONS
+	// false (which the database's owner may do) keeps sessions out, not the relay. To stop it:
+	// outbox.workers = 0, or DROP EXTENSION.
+	BackgroundWorkerInitializeConnection(settings.database, nullptr, BGWORKER_BYPASS_ALLOWCONN);
 	connecting = false;
 	SpinLockAcquire(&slot->mutex);
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
 
+	PinSessionIdentity();
 	PinSessionSettings();
 }
 
