@@ -253,6 +253,7 @@ def test_crash_between_publish_and_record_resends_and_dedup_applies_once(mock_cl
     victim = "6c9c1a4e-7d1f-4b5e-9a53-8d7f2b0c0e01"
     pg.set(test_crash_after_ack=victim)
     pid_before = pg.worker_pids()[0]
+    pg.expect_killed(pid_before)  # the relay SIGKILLs itself after the ack (test_crash_after_ack)
     with pg.connect(autocommit=False) as c:
         c.execute("SELECT outbox.enqueue('billing', 'invoice-7', '{\"n\": 1}'::jsonb)")
         c.execute("SELECT outbox.enqueue('billing', 'invoice-7', '{\"n\": 2}'::jsonb, NULL, %s)", (victim,))
