@@ -54,22 +54,24 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 -- ---------------------------------------------------------------------------------------------
 -- The relay's role (outbox.relay_role, default outbox_relay): every relay statement runs as it,
 -- never as a superuser, with exactly these rights. NOLOGIN: the relay switches to it inside its
--- own session (README "Privileges"). A role that already exists is used as it is, unless it is
--- a superuser; the relay also refuses it while other roles are members of it (they could act as
--- it), checked before every step.
+-- own session (README "Privileges"). A role that already exists is used as it is, unless it has
+-- an attribute that reaches further (SUPERUSER, LOGIN, ...); the relay checks that again before
+-- every step, and refuses it while other roles are members of it (they could act as it).
 -- ---------------------------------------------------------------------------------------------
 DO $$
 DECLARE
 	relay_role text := current_setting('outbox.relay_role');
-	is_super boolean;
+	r record;
 BEGIN
-	SELECT r.rolsuper INTO is_super FROM pg_catalog.pg_roles r WHERE r.rolname = relay_role;
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = relay_role;
 	IF NOT FOUND THEN
 		EXECUTE format('CREATE ROLE %I NOLOGIN', relay_role);
-	ELSIF is_super THEN
-		RAISE EXCEPTION 'outbox.relay_role "%" is a superuser', relay_role
+	ELSIF r.rolsuper OR r.rolcanlogin OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls THEN
+		-- Someone could log in as it, or it reaches beyond outbox.events: it must not get the
+		-- rights below (every event's payload).
+		RAISE EXCEPTION 'outbox.relay_role "%" is a role with SUPERUSER, LOGIN, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS', relay_role
 			USING ERRCODE = 'invalid_parameter_value',
-			      HINT = 'The relay runs as this role: name a role without superuser rights, or drop the setting to use outbox_relay.';
+			      HINT = 'The relay runs as this role: name a plain NOLOGIN role, or drop the setting to use outbox_relay.';
 	END IF;
 	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', relay_role);
 	EXECUTE format('GRANT SELECT, UPDATE, DELETE ON outbox.events TO %I', relay_role);

@@ -78,4 +78,21 @@ ORDER BY 1, 2;
 SELECT p.oid::regprocedure AS executable
 FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND has_function_privilege('outbox_relay', p.oid, 'EXECUTE')
 ORDER BY 1::text;
+-- The relay's requeue and next-retry statements (as in src/relay_sql.cpp) read partial indexes of
+-- unfinished rows, never the retained history.
+TRUNCATE outbox.events;
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, status, published_at, kafka_partition, kafka_offset)
+SELECT e, 'billing', 'k' || (i % 100), outbox.lane_of('k' || (i % 100), e), '\x00', 'published', now(), 0, i
+FROM (SELECT gen_random_uuid() AS e, i FROM generate_series(1, 20000) i) s;
+ANALYZE outbox.events;
+PREPARE requeue(int, int) AS
+	UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane::integer % $1 = $2;
+EXPLAIN (COSTS OFF) EXECUTE requeue(1, 0);
+PREPARE next_retry(int, int) AS
+	SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)::bigint
+	FROM outbox.events
+	WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() AND lane::integer % $1 = $2;
+EXPLAIN (COSTS OFF) EXECUTE next_retry(1, 0);
+DEALLOCATE requeue;
+DEALLOCATE next_retry;
 TRUNCATE outbox.events;

@@ -70,13 +70,16 @@ WITH candidates AS (
 	RETURNING e.id, e.event_id, e.topic, e.key, e.payload, e.headers
 )
 SELECT c.id, c.event_id::text, c.topic, c.key, c.payload,
-       CASE WHEN c.headers IS NOT NULL
+       CASE WHEN jsonb_typeof(c.headers) = 'object'
             THEN ARRAY(SELECT h.key FROM jsonb_each_text(c.headers) h ORDER BY h.key) END,
-       CASE WHEN c.headers IS NOT NULL
-            THEN ARRAY(SELECT h.value FROM jsonb_each_text(c.headers) h ORDER BY h.key) END
+       CASE WHEN jsonb_typeof(c.headers) = 'object'
+            THEN ARRAY(SELECT h.value FROM jsonb_each_text(c.headers) h ORDER BY h.key) END,
+       c.headers IS NOT NULL AND jsonb_typeof(c.headers) <> 'object'
 FROM claimed c
 ORDER BY c.id
 )SQL";
+// (Headers that are not an object never reach jsonb_each_text, which would fail the whole claim:
+// the last column flags them, and the row is quarantined.)
 
 // Record: one statement for the whole batch. Only rows still in_flight are touched.
 const char *const kRecordSql = R"SQL(
@@ -87,7 +90,7 @@ WITH o AS (
 	UPDATE outbox.events e SET
 		status = CASE o.outcome
 		           WHEN 'p' THEN 'published'
-		           WHEN 'r' THEN CASE WHEN e.attempts + 1 >= $6 THEN 'failed' ELSE 'pending' END
+		           WHEN 'r' THEN CASE WHEN least(e.attempts, 999999) + 1 >= $6 THEN 'failed' ELSE 'pending' END
 		           WHEN 'x' THEN 'failed'
 		           ELSE 'pending' END,
 		published_at = CASE WHEN o.outcome = 'p' THEN now() END,
@@ -176,7 +179,6 @@ MemoryContext step_caller_context = nullptr;
 // The session's own user and security context, put back after each step.
 Oid step_saved_user = InvalidOid;
 int step_saved_sec_context = 0;
-bool step_switched_user = false;
 // Why the last BeginStep returned Refused (static text or palloc'd in the caller's context).
 const char *step_problem = nullptr;
 
@@ -198,10 +200,22 @@ RelayRole(Oid nsp, Oid rel) {
 		                        name);
 		return InvalidOid;
 	}
-	if (superuser_arg(role)) {
-		step_problem = psprintf("outbox.relay_role \"%s\" is a superuser; the relay runs only as a role without "
-		                        "superuser rights",
-		                        name);
+	// Only a role that nobody can log in as or use to reach beyond outbox.events: a CREATEROLE
+	// user may have made (or may alter) a role of that name.
+	HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
+	if (!HeapTupleIsValid(tuple)) {
+		step_problem = psprintf("outbox.relay_role \"%s\" does not exist", name);
+		return InvalidOid;
+	}
+	Form_pg_authid form = reinterpret_cast<Form_pg_authid>(GETSTRUCT(tuple));
+	const char *attribute = form->rolsuper ? "SUPERUSER" : form->rolcanlogin ? "LOGIN" : form->rolcreaterole ? "CREATEROLE"
+	                        : form->rolcreatedb ? "CREATEDB" : form->rolreplication ? "REPLICATION"
+	                        : form->rolbypassrls ? "BYPASSRLS" : nullptr;
+	ReleaseSysCache(tuple);
+	if (attribute) {
+		step_problem = psprintf("outbox.relay_role \"%s\" has %s; the relay runs only as a role without it "
+		                        "(ALTER ROLE \"%s\" NO%s)",
+		                        name, attribute, name, attribute);
 		return InvalidOid;
 	}
 	// Members of the role could SET ROLE to it and read or rewrite every event: the relay's
@@ -291,7 +305,6 @@ BeginStep(const char *activity) {
 	}
 	GetUserIdAndSecContext(&step_saved_user, &step_saved_sec_context);
 	SetUserIdAndSecContext(role, step_saved_sec_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
-	step_switched_user = true;
 	if (SPI_connect() != SPI_OK_CONNECT) {
 		elog(ERROR, "outbox relay: SPI_connect failed");
 	}
@@ -306,7 +319,6 @@ EndStep() {
 	// After the commit, so that anything the commit runs still runs as the relay's role. (An
 	// ERROR instead ends in AbortTransaction, which restores the user by itself.)
 	SetUserIdAndSecContext(step_saved_user, step_saved_sec_context);
-	step_switched_user = false;
 	MemoryContextSwitchTo(step_caller_context);
 	debug_query_string = nullptr;
 	// Background workers flush their table statistics themselves, or autovacuum and
@@ -501,6 +513,10 @@ CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 			header_problem = "the header name event_id is reserved";
 			n_user = -1;
 		}
+	}
+	if (DatumGetBool(SPI_getbinval(tuple, desc, 8, &isnull))) {
+		header_problem = "the headers are not a JSON object";
+		n_user = -1;
 	}
 	if (n_user < 0) {
 		e.quarantine = e.quarantine ? e.quarantine : psprintf("quarantined: %s", header_problem);

@@ -13,9 +13,9 @@ from harness.kafka_reader import check_delivery, read_topic
 from harness.wait import wait_until
 
 FAST_RECONNECT = "socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200"
-# Far beyond the documented 5 s stop bound, far below what d539db3 needed (2 s per new topic,
-# 5 s per event that found the producer's queue full).
-STOP_DEADLINE_S = 20
+# Twice the documented 5 s stop bound (a loaded 2-core machine), far below what d539db3 needed
+# (2 s per new topic, 5 s per event that found the producer's queue full).
+STOP_DEADLINE_S = 10
 
 
 def enqueue_all(pg, rows):
@@ -54,14 +54,11 @@ def test_reloaded_max_payload_bytes_reaches_the_producer(mock_cluster, make_rela
 
 # --- interrupts with every broker down --------------------------------------------------------
 
-def stall_a_batch(mock_cluster, make_relay, n_topics, n_events, kafka_properties=FAST_RECONNECT, log_errors=False):
+def stall_a_batch(mock_cluster, make_relay, n_topics, n_events, kafka_properties=FAST_RECONNECT):
     """A relay whose batch of n_events events over n_topics topics, new to its producer (none:
     the topic of the warm-up event), is in flight while every broker is down."""
     pg = make_relay(mock_cluster.bootstrap, kafka_properties=kafka_properties)
     pg.wait_workers_running(1)
-    if log_errors:  # the harness' log_min_messages = log leaves ERRORs out
-        pg.sql("ALTER SYSTEM SET log_min_messages = error")
-        pg.reload()
     pg.sql("SELECT outbox.enqueue('billing', 'warm-up', 'x')")
     pg.wait_published(1)
     topics = [f"new-{i}" for i in range(n_topics)]
@@ -125,7 +122,7 @@ def test_terminate_backend_is_served_during_topic_lookups(mock_cluster, make_rel
 
 
 def test_cancel_backend_is_served_during_topic_lookups(mock_cluster, make_relay):
-    pg, ids = stall_a_batch(mock_cluster, make_relay, n_topics=20, n_events=20, log_errors=True)
+    pg, ids = stall_a_batch(mock_cluster, make_relay, n_topics=20, n_events=20)
     pid = pg.worker_pids()[0]
     assert pg.value("SELECT pg_cancel_backend(%s)", (pid,))
     wait_until(lambda: "canceling statement due to user request" in pg.log(), STOP_DEADLINE_S, "cancel served")

@@ -88,23 +88,37 @@ def test_repeated_lock_timeouts_while_the_broker_is_down_recover(mock_cluster, m
     fast_stop_completes(pg)
 
 
-def test_a_failed_event_after_an_error_is_logged_without_a_crash(mock_cluster, make_relay):
-    """The 'moved to failed' LOG line after an earlier ERROR (it segfaulted a worker when the
-    ERROR had left the error context stack pointing into a dead frame)."""
+def test_a_failed_event_after_an_error_inside_a_statement_is_logged_without_a_crash(mock_cluster, make_relay):
+    """The 'moved to failed' LOG line after an ERROR raised inside a relay statement (it
+    segfaulted a worker: the ERROR left the error context stack pointing into the dead frame of
+    the PL/pgSQL function that raised it, and the next report walked it)."""
     pg = make_relay(mock_cluster.bootstrap, max_attempts=1)
     pg.wait_workers_running(1)
     pid = worker_pid(pg)
-    # An ERROR first: an ACCESS EXCLUSIVE lock makes steps wait; a user's lock on a pending row
-    # past lock_timeout makes the requeue fail. Simplest reliable ERROR: cancel the worker.
-    pg.sql("SELECT pg_cancel_backend(%s)", (pid,))
-    wait_until(lambda: count_in_log(pg, "canceling statement due to user request") >= 1, 30, "the cancel's ERROR")
     enqueue_many(pg, "billing", 1, key_prefix="warm-up")
     pg.wait_published(1)
+    # A superuser's trigger raises once, inside the claim's UPDATE (a sequence counts calls
+    # outside the transaction that the ERROR rolls back).
+    pg.sql("""
+        CREATE SEQUENCE public.claims_seen;
+        CREATE FUNCTION public.fail_first_claim() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        SET search_path = pg_catalog AS $$
+        BEGIN
+            IF NEW.status = 'in_flight' AND nextval('public.claims_seen') = 1 THEN
+                RAISE EXCEPTION 'injected by a trigger, inside the claim';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER fail_first_claim BEFORE UPDATE ON outbox.events FOR EACH ROW
+        EXECUTE FUNCTION public.fail_first_claim();
+    """)
     mock_cluster.produce_errors(1, INVALID_RECORD)
     with pg.connect() as c:
         poison = c.execute("SELECT outbox.enqueue('billing', 'p', '{}'::jsonb)::text").fetchone()[0]
-    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event failed")
-    wait_until(lambda: count_in_log(pg, f"event {poison} (topic billing) moved to failed") == 1, 10, "its log line")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'failed'") == 1, 60,
+               "poison event failed")
+    assert pg.value("SELECT event_id::text FROM outbox.events WHERE status = 'failed'") == poison
+    assert count_in_log(pg, "injected by a trigger, inside the claim") >= 1
     assert worker_pid(pg) == pid
 
 
@@ -175,6 +189,23 @@ def test_infinite_next_attempt_at_makes_no_error_loop(unchecked_relay, mock_clus
     fast_stop_completes(pg)
 
 
+def test_headers_that_are_not_an_object_are_quarantined_not_a_claim_error_loop(unchecked_relay, mock_cluster):
+    pg = unchecked_relay
+    pid = worker_pid(pg)
+    drop_check(pg, "events_headers_check")
+    _, array_headers = insert_row(pg, key="bad", headers='["a"]')
+    _, scalar_headers = insert_row(pg, key="bad2", headers='"a"')
+    good = enqueue_many(pg, "billing", 5)
+    pg.wait_published(5, timeout=60)
+    for bad in (array_headers, scalar_headers):
+        wait_until(lambda: pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (bad,)) == "failed", 30,
+                   "the bad row quarantined")
+        assert "not a JSON object" in pg.value("SELECT last_error FROM outbox.events WHERE event_id = %s", (bad,))
+    assert count_in_log(pg, "cannot call jsonb_each_text") == 0
+    assert set(good) <= {r.event_id for r in read_topic(mock_cluster.bootstrap, "billing", 5)}
+    assert worker_pid(pg) == pid
+
+
 def test_huge_attempts_count_fails_the_event_instead_of_looping(unchecked_relay, mock_cluster):
     """attempts >= 1024 overflowed the backoff (power(2, attempts)) in the record statement:
     the batch was resent every second forever."""
@@ -183,11 +214,12 @@ def test_huge_attempts_count_fails_the_event_instead_of_looping(unchecked_relay,
     enqueue_many(pg, "billing", 1, key_prefix="warm-up")
     pg.wait_published(1)
     mock_cluster.produce_errors(1, INVALID_RECORD)
-    _, bad = insert_row(pg, key="p", attempts=5000)
+    drop_check(pg, "events_attempts_check")  # and past the table's bound: no integer overflow either
+    _, bad = insert_row(pg, key="p", attempts=2147483647)
     wait_until(lambda: pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (bad,)) == "failed", 60,
                "the event failed")
-    assert pg.value("SELECT attempts FROM outbox.events WHERE event_id = %s", (bad,)) == 5001
-    assert count_in_log(pg, "value out of range") == 0
+    assert pg.value("SELECT attempts FROM outbox.events WHERE event_id = %s", (bad,)) == 1000000
+    assert count_in_log(pg, "out of range") == 0
     assert worker_pid(pg) == pid
 
 
@@ -318,8 +350,9 @@ def test_relay_statements_run_as_the_relay_role_not_a_superuser(mock_cluster, ma
 def test_relay_role_that_is_a_superuser_or_lacks_rights_is_refused(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap)
     pg.wait_workers_running(1)
-    pg.sql("CREATE ROLE relay_super SUPERUSER; CREATE ROLE relay_bare")
-    for role, reason in (("relay_super", "is a superuser"), ("relay_bare", "lacks"), ("no_such_role", "does not exist")):
+    pg.sql("CREATE ROLE relay_super SUPERUSER; CREATE ROLE relay_login LOGIN; CREATE ROLE relay_bare")
+    for role, reason in (("relay_super", "has SUPERUSER"), ("relay_login", "has LOGIN"), ("relay_bare", "lacks"),
+                         ("no_such_role", "does not exist")):
         pg.set(relay_role=role)
         wait_until(lambda: reason in (pg.workers()[0][5] or ""), 30, f"{role} refused")
         assert pg.workers()[0][2] == "misconfigured"
