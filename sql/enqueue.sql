@@ -75,6 +75,10 @@ SELECT * FROM expect_error($$SELECT outbox.enqueue('t', 'k', repeat('x', 101))$$
 SELECT * FROM expect_error($$SELECT outbox.enqueue('t', 'k', repeat('x', 90), '{"h": "0123456789"}')$$);
 SELECT * FROM expect_error($$SELECT outbox.enqueue('t', repeat('k', 101), 'x')$$);
 RESET outbox.max_payload_bytes;
+-- Keys are indexed: longer than 2048 bytes is refused with a reason, not an index error.
+SELECT * FROM expect_error($$SELECT outbox.enqueue('t', repeat('k', 2049), 'x')$$);
+SELECT outbox.enqueue('t', repeat('k', 2048), 'x') IS NOT NULL AS longest_key_accepted;
+DELETE FROM outbox.events WHERE octet_length(key) = 2048;
 SELECT count(*) - :before AS added_by_bad_input FROM outbox.events;
 
 -- The edges that are legal.

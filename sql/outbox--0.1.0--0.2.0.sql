@@ -38,7 +38,9 @@ ALTER TABLE outbox.events
 	ADD CONSTRAINT events_attempts_check CHECK (attempts >= 0 AND attempts <= 1000000),
 	ADD CONSTRAINT events_kafka_position_check
 		CHECK ((kafka_partition IS NULL OR kafka_partition >= 0) AND (kafka_offset IS NULL OR kafka_offset >= 0)),
-	ADD CONSTRAINT events_tombstone_check CHECK (payload IS NOT NULL OR key IS NOT NULL);
+	ADD CONSTRAINT events_tombstone_check CHECK (payload IS NOT NULL OR key IS NOT NULL),
+	-- Keys are in the per-key indexes, whose entries have a size limit (enqueue: kMaxKeyBytes).
+	ADD CONSTRAINT events_key_length_check CHECK (octet_length(key) <= 2048);
 
 -- Orphans of a crash or an error: the relay puts its lanes' in-flight rows back to pending
 -- before every claim, so this must not read the retained history.

@@ -54,6 +54,42 @@ StopRelayWorkers() {
 	}
 }
 
+// What else makes dropdb() refuse: a template, other sessions (unless WITH (FORCE), which ends
+// them), prepared transactions or replication slots in the database. Asked of the catalogs
+// and statistics views as the caller (who may read all of it). Without this, a database owner
+// keeping a session open could make every DROP DATABASE restart the relay.
+bool
+OthersHoldTheDatabase(Oid db, const DropdbStmt *stmt) {
+	bool force = false;
+	ListCell *cell;
+	foreach (cell, stmt->options) {
+		DefElem *option = lfirst_node(DefElem, cell);
+		force |= strcmp(option->defname, "force") == 0;
+	}
+	const char *sql = "SELECT (SELECT datistemplate FROM pg_catalog.pg_database WHERE oid = $1)"
+	                  " OR (NOT $2 AND EXISTS (SELECT FROM pg_catalog.pg_stat_activity a WHERE a.datid = $1"
+	                  "                        AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
+	                  "                        AND a.backend_type OPERATOR(pg_catalog.<>) ALL"
+	                  "                            ('{outbox relay,autovacuum worker}'::pg_catalog.text[])))"
+	                  " OR EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts p, pg_catalog.pg_database d"
+	                  "            WHERE d.oid = $1 AND p.database OPERATOR(pg_catalog.=) d.datname)"
+	                  " OR EXISTS (SELECT FROM pg_catalog.pg_replication_slots r WHERE r.datoid = $1)";
+	Oid types[2] = {OIDOID, BOOLOID};
+	Datum values[2] = {ObjectIdGetDatum(db), BoolGetDatum(force)};
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox: SPI_connect failed");
+	}
+	int rc = SPI_execute_with_args(sql, 2, types, values, nullptr, true, 1);
+	bool held = true;
+	if (rc == SPI_OK_SELECT && SPI_processed == 1) {
+		bool isnull;
+		Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		held = isnull || DatumGetBool(d);
+	}
+	SPI_finish();
+	return held;
+}
+
 // The checks standard_ProcessUtility and dropdb() make before they would drop anything.
 bool
 DropWillProceed(const DropdbStmt *stmt, ProcessUtilityContext context) {
@@ -67,7 +103,13 @@ DropWillProceed(const DropdbStmt *stmt, ProcessUtilityContext context) {
 	if (!OidIsValid(db) || db == MyDatabaseId) {
 		return false; // IF EXISTS of nothing, or "cannot drop the currently open database"
 	}
-	return superuser() || OutboxDatabaseOwnerCheck(db, GetUserId());
+	if (!superuser() && !OutboxDatabaseOwnerCheck(db, GetUserId())) {
+		return false; // "must be owner of database"
+	}
+	if (MyXactFlags & XACT_FLAGS_PIPELINING) {
+		return false; // "DROP DATABASE cannot be executed within a pipeline"
+	}
+	return !OthersHoldTheDatabase(db, stmt);
 }
 
 void

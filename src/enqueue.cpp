@@ -9,6 +9,8 @@ namespace {
 
 enum class PayloadKind { Jsonb, Text, Bytea };
 
+constexpr int64 kHeaderFramingBytes = 10;
+
 // Workers to wake at commit: one bit per worker that owns a lane this transaction wrote to.
 uint32 wake_mask = 0;
 bool xact_callback_registered = false;
@@ -102,7 +104,9 @@ ValidateHeaders(Jsonb *headers, int64 *bytes) {
 			}
 			int ignored;
 			Utf8Of("a header name", v.val.string.val, v.val.string.len, &ignored);
-			*bytes += v.val.string.len;
+			// A Kafka record header is framed by two varints (up to 5 bytes each): counted, so
+			// that many small headers cannot make a record larger than the limit says.
+			*bytes += v.val.string.len + kHeaderFramingBytes;
 			expect_value = true;
 		} else if (token == WJB_VALUE && expect_value) {
 			if (v.type != jbvString) {
@@ -188,6 +192,13 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		// Stored as given (its lane is a hash of these bytes); the relay publishes it as UTF-8.
 		int utf8_len;
 		Utf8Of("the key", VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), &utf8_len);
+		if (VARSIZE_ANY_EXHDR(key) > outbox::kMaxKeyBytes) {
+			ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			                errmsg("key of %d bytes exceeds the limit of %d bytes", int(VARSIZE_ANY_EXHDR(key)),
+			                       outbox::kMaxKeyBytes),
+			                errdetail("Keys are indexed for per-key order, and an index entry has a size limit."),
+			                errhint("Use an identifier as the key (an aggregate id), or a hash of a long one.")));
+		}
 		bytes += utf8_len;
 	}
 
@@ -211,7 +222,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 		                errmsg("event of %lld bytes exceeds outbox.max_payload_bytes (%d)", (long long)bytes,
 		                       outbox::settings.max_payload_bytes),
-		                errdetail("The size counts the key, the payload and the headers."),
+		                errdetail("The size counts the key, the payload and the headers (each with 10 bytes of framing)."),
 		                errhint("Store large documents elsewhere and enqueue a reference, or raise the setting "
 		                        "together with the broker's message.max.bytes.")));
 	}

@@ -8,6 +8,10 @@ namespace outbox {
 
 constexpr size_t kMaxTopicLength = 249;
 
+// Longest key enqueue accepts: keys are in the per-key indexes, whose entries have a size limit
+// (about 2.7 kB with the id); the table checks the same bound (events_key_length_check).
+constexpr int kMaxKeyBytes = 2048;
+
 // The header the relay sets on every record itself; events may not carry one of that name.
 constexpr const char *kEventIdHeader = "event_id";
 

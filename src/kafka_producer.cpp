@@ -77,6 +77,7 @@ struct Property {
 using Properties = std::vector<Property>;
 
 constexpr const char *kPropertiesEntry = "outbox.kafka_properties entry";
+constexpr off_t kMaxPropertiesFileBytes = 1024 * 1024;
 constexpr const char *kPropertiesFileLine = "outbox.kafka_properties_file line";
 
 std::string
@@ -144,7 +145,8 @@ ParsePropertiesFile(const char *path, Properties *out, std::string *error) {
 	if (path == nullptr || path[0] == '\0') {
 		return true;
 	}
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	// O_NONBLOCK: a FIFO must not block the worker in open(); only a regular file is read.
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	struct stat st;
 	if (fd < 0 || fstat(fd, &st) != 0) {
 		*error = std::string("outbox.kafka_properties_file: cannot open \"") + path + "\": " + strerror(errno);
@@ -153,15 +155,15 @@ ParsePropertiesFile(const char *path, Properties *out, std::string *error) {
 		}
 		return false;
 	}
-	if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0 || !S_ISREG(st.st_mode)) {
+	if (!S_ISREG(st.st_mode) || (st.st_mode & (S_IRWXG | S_IRWXO)) != 0 || st.st_size > kMaxPropertiesFileBytes) {
 		close(fd);
 		*error = std::string("outbox.kafka_properties_file \"") + path +
-		         "\" must be a regular file that only its owner can read (chmod 600)";
+		         "\" must be a regular file of at most 1 MB that only its owner can read (chmod 600)";
 		return false;
 	}
 	std::string text;
 	char buf[4096];
-	for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) {
+	for (ssize_t n; text.size() <= size_t(kMaxPropertiesFileBytes) && (n = read(fd, buf, sizeof(buf))) > 0;) {
 		text.append(buf, size_t(n));
 	}
 	close(fd);

@@ -9,6 +9,7 @@
 extern "C" {
 #include "postgres.h"
 
+#include "access/transam.h"         // FirstNormalObjectId
 #include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
 #include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
 #include "catalog/pg_class.h"       // RELKIND_RELATION

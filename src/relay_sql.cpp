@@ -21,7 +21,8 @@ namespace {
 //    held its lock) are left out of this batch altogether;
 //  - topic_cut: a key's run stops at its first change of topic (two partitions: nothing would
 //    keep the later one from being appended while the earlier one fails);
-//  - the byte budget (the first row always fits), so memory stays bounded.
+//  - the byte budget over payload, key and headers (the first row always fits), so memory stays
+//    bounded whatever part of the events is large.
 // Per-key checks are one probe per key, not per row, so a hot key costs no more than many keys.
 // No join between the candidates and something derived from them: the topic cut is two window
 // passes and skipped_keys is materialized. A plan made from statistics of a small table (one
@@ -31,7 +32,9 @@ namespace {
 // pg_catalog anyway (worker.cpp), this keeps the statements unambiguous besides.
 const char *const kClaimSql = R"SQL(
 WITH candidates AS (
-	SELECT e.id, e.key, e.topic, coalesce(octet_length(e.payload), 0)::bigint AS size
+	SELECT e.id, e.key, e.topic,
+	       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)
+	        + coalesce(octet_length(e.headers::text), 0))::bigint AS size
 	FROM outbox.events e
 	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND e.lane::integer % $1 = $2
 	  AND (e.key IS NULL OR NOT EXISTS (
@@ -200,6 +203,11 @@ RelayRole(Oid nsp, Oid rel) {
 		                        name);
 		return InvalidOid;
 	}
+	if (role < FirstNormalObjectId) {
+		// pg_database_owner and the other predefined roles have implicit or broad membership.
+		step_problem = psprintf("outbox.relay_role \"%s\" is a predefined role; name a role of its own", name);
+		return InvalidOid;
+	}
 	// Only a role that nobody can log in as or use to reach beyond outbox.events: a CREATEROLE
 	// user may have made (or may alter) a role of that name.
 	HeapTuple tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(role));
@@ -353,14 +361,46 @@ MaybeInjectFailure(const char *) {
 }
 #endif
 
+// SIGTERM only sets a flag, and a running statement (or its lock wait) never looks at it. While a
+// relay statement runs, a timer looks every kStopCheckMs: once a stop has been pending for
+// kStatementStopGraceMs, the statement is cancelled as pg_cancel_backend would (the ERROR path
+// follows, the loop then exits; the batch is requeued at the next start). Runs in the SIGALRM
+// handler: only flags, the clock and the latch.
+constexpr int kStopCheckMs = 500;
+constexpr int64 kStatementStopGraceMs = 2000;
+TimeoutId stop_check_timeout = MAX_TIMEOUTS;
+volatile TimestampTz stop_seen_at = 0;
+
+void
+OnStopCheck() {
+	if (!ShutdownRequestPending) {
+		return;
+	}
+	TimestampTz now = GetCurrentTimestamp();
+	if (stop_seen_at == 0) {
+		stop_seen_at = now;
+	} else if (now - stop_seen_at >= kStatementStopGraceMs * 1000) {
+		InterruptPending = true;
+		QueryCancelPending = true;
+		SetLatch(MyLatch);
+	}
+}
+
 // Runs a step's statement; `step` names it for the test builds' fault injection.
 void
 Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
 	// statement_timeout is armed by the protocol loop for client commands only: a background
-	// worker's SPI statements run without it unless armed here. (An ERROR leaves it to the
-	// recovery block's disable_all_timeouts.)
+	// worker's SPI statements run without it unless armed here. (An ERROR leaves both timers to
+	// the recovery block's disable_all_timeouts.)
 	enable_timeout_after(STATEMENT_TIMEOUT, settings.statement_timeout_ms);
+	if (stop_check_timeout != MAX_TIMEOUTS) {
+		enable_timeout_every(stop_check_timeout, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kStopCheckMs),
+		                     kStopCheckMs);
+	}
 	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
+	if (stop_check_timeout != MAX_TIMEOUTS) {
+		disable_timeout(stop_check_timeout, false);
+	}
 	disable_timeout(STATEMENT_TIMEOUT, false);
 	if (rc != expected) {
 		elog(ERROR, "outbox relay: statement failed: %s", SPI_result_code_string(rc));
@@ -531,6 +571,11 @@ CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 }
 
 } // namespace
+
+void
+InitStatementStopCheck() {
+	stop_check_timeout = RegisterTimeout(USER_TIMEOUT, OnStopCheck);
+}
 
 const char *
 LastStepProblem() {

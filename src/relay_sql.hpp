@@ -47,6 +47,9 @@ enum class TableState {
 	Refused, // not the extension's own objects, or outbox.relay_role is missing, a superuser or lacks rights
 };
 
+// Once per worker: lets a pending stop cancel a relay statement that runs too long (relay_sql.cpp).
+void InitStatementStopCheck();
+
 // Why the last step was Refused.
 const char *LastStepProblem();
 

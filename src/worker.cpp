@@ -88,6 +88,16 @@ WaitFor(long ms) {
 	CHECK_FOR_INTERRUPTS();
 }
 
+// After an ERROR: a full pause, not cut short by the latch (every committed enqueue sets it), so
+// a repeating error cannot loop faster than once a pause. Shutdown and postmaster death end it.
+void
+PauseAfterError() {
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kErrorPauseMs);
+	for (long left; !ShutdownRequestPending && (left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until)) > 0;) {
+		WaitFor(left);
+	}
+}
+
 void
 DestroyProducer() {
 	if (producer) {
@@ -194,15 +204,37 @@ CurrentProducerConfig() {
 	                             settings.max_payload_bytes,       StopRequested};
 }
 
-// The database's settings are applied at connect, and its owner may give them a session_authorization
-// or a role (a superuser's session may become anyone): the worker would then run as that role,
-// and that role could signal it. Back to the bootstrap superuser it connected as.
+// The settings of the database (ALTER DATABASE ... SET, which its owner may do) and of the role
+// are applied to this session at connect. The relay runs with the server's own: each of them goes
+// back to its built-in default (settings that only change plans could otherwise make every claim
+// time out), and the identity to the bootstrap superuser it connected as (a session_authorization
+// or role would make each step start as the owner's role, which could then signal the worker).
+// The pins of PinSessionSettings come on top.
 void
-PinSessionIdentity() {
-	StartTransactionCommand(); // the role names are looked up in the catalogs
+ResetDatabaseSettings() {
+	StartTransactionCommand();
 	SetConfigOption("session_authorization", GetUserNameFromId(BOOTSTRAP_SUPERUSERID, false), PGC_SUSET,
 	                PGC_S_OVERRIDE);
 	SetConfigOption("role", "none", PGC_SUSET, PGC_S_OVERRIDE);
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox relay: SPI_connect failed");
+	}
+	int rc = SPI_execute("SELECT name, boot_val FROM pg_catalog.pg_settings "
+	                     "WHERE source IN ('database', 'user', 'database user') "
+	                     "AND name NOT IN ('session_authorization', 'role') AND boot_val IS NOT NULL",
+	                     true, 0);
+	if (rc != SPI_OK_SELECT) {
+		elog(ERROR, "outbox relay: could not read the session's settings: %s", SPI_result_code_string(rc));
+	}
+	for (uint64 i = 0; i < SPI_processed; i++) {
+		const char *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		const char *boot = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+		// A setting that cannot change after connect start stays, with a WARNING, not an exit.
+		(void)set_config_option(name, boot, PGC_SUSET, PGC_S_OVERRIDE, GUC_ACTION_SET, true, WARNING, false);
+	}
+	SPI_finish();
+	PopActiveSnapshot();
 	CommitTransactionCommand();
 }
 
@@ -766,8 +798,9 @@ Attach(int index) {
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
 
-	PinSessionIdentity();
+	ResetDatabaseSettings();
 	PinSessionSettings();
+	InitStatementStopCheck();
 }
 
 // Why nothing was claimed, said once (not once per poll), then a wait before the next try.
@@ -818,7 +851,7 @@ RelayMain(Datum arg) {
 	sigjmp_buf local_sigjmp_buf;
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0) {
 		RecoverFromError();
-		WaitFor(kErrorPauseMs); // a repeating error must not flood the log
+		PauseAfterError();
 	}
 	PG_exception_stack = &local_sigjmp_buf;
 

@@ -437,3 +437,131 @@ def test_dump_and_restore_keep_pending_and_failed_events(mock_cluster, make_rela
         assert c.execute("SELECT max(id) FROM outbox.events").fetchone()[0] > max_id
     records = read_topic(mock_cluster.bootstrap, "billing", 9)
     assert set(pending) <= {r.event_id for r in records}
+
+
+# --- found by attacking the relay -------------------------------------------------------------
+
+def test_batch_byte_budget_counts_keys_and_headers(mock_cluster, make_relay):
+    """An enqueue-only role filling headers (not payloads) must not push a claim past
+    outbox.batch_max_bytes: the worker's memory is bounded by the whole event."""
+    pg = make_relay(mock_cluster.bootstrap, batch_max_bytes="1MB", max_payload_bytes="1MB")
+    pg.wait_workers_running(1)
+    with pg.connect(autocommit=False) as c:
+        c.execute("SELECT count(outbox.enqueue('billing', 'k' || g, NULL::bytea, "
+                  "jsonb_build_object('h', repeat('x', 300000)))) FROM generate_series(1, 12) g")
+        c.commit()
+    pg.wait_published(12, timeout=90)
+    # A claim takes events while fewer than 1 MB came before them: at most four 300 kB events,
+    # so at least three claims (counting payloads only, all twelve went in one).
+    assert pg.value("SELECT count(DISTINCT claimed_at) FROM outbox.events") >= 3
+
+
+def test_pause_after_an_error_is_not_cut_short_by_commits(mock_cluster, make_relay):
+    """Every committed enqueue sets the worker's latch; the pause after an ERROR must last anyway,
+    or a repeating ERROR loops at the rate of commits. (Only a lower bound on time: a slow
+    machine makes the gaps longer, never shorter.)"""
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    pg.set(test_fail_step="claim:3")
+    with pg.connect() as c:
+        for i in range(200):
+            c.execute("SELECT outbox.enqueue('billing', %s, '{}'::jsonb)", (f"k{i}",))
+    pg.wait_published(200, timeout=60)
+    stamps = [line.split(" [")[0] for line in pg.log().splitlines()
+              if "injected failure of step claim" in line and "ERROR" in line]
+    assert len(stamps) == 3, stamps
+    from datetime import datetime
+    times = [datetime.strptime(t[:23], "%Y-%m-%d %H:%M:%S.%f") for t in stamps]
+    gaps = [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+    assert all(g >= 0.9 for g in gaps), gaps
+
+
+def test_fifo_as_properties_file_does_not_wedge_the_worker(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    fifo = os.path.join(pg.tmp, "secrets.fifo")
+    os.mkfifo(fifo, 0o600)
+    pg.set(kafka_properties_file=fifo)
+    wait_until(lambda: "regular file" in (pg.workers()[0][5] or ""), 30, "a FIFO refused")
+    assert pg.workers()[0][2] == "misconfigured"
+    fast_stop_completes(pg)
+
+
+def test_terminate_ends_a_relay_statement_waiting_on_a_row_lock(mock_cluster, make_relay):
+    """SIGTERM only sets a flag; a relay statement waiting for a row lock a session holds (here
+    for up to a minute) is cancelled after a short grace, so the worker exits."""
+    pg = make_relay(mock_cluster.bootstrap, lock_timeout="60s", publish_timeout="2s")
+    pg.wait_workers_running(1)
+    pid = worker_pid(pg)
+    for b in (1, 2, 3):
+        mock_cluster.down(b)
+    enqueue_many(pg, "billing", 5)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") == 5, 30,
+               "batch in flight")
+    holder = pg.connect(autocommit=False)
+    try:
+        holder.execute("SELECT id FROM outbox.events WHERE status = 'in_flight' FOR UPDATE").fetchall()
+        wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)) == "Lock",
+                   30, "the record step waiting for the row locks")
+        pg.sql("SELECT pg_terminate_backend(%s)", (pid,))
+
+        def gone():
+            try:
+                os.kill(pid, 0)
+                return False
+            except ProcessLookupError:
+                return True
+        wait_until(gone, 10, "the worker exited")
+    finally:
+        holder.rollback()
+        holder.close()
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(5, timeout=90)  # the restarted worker requeues and publishes them
+
+
+def test_database_settings_do_not_reach_the_relays_statements(mock_cluster, make_relay):
+    """A database owner's ALTER DATABASE ... SET of settings that only change plans (or anything
+    else) would apply to the relay's session at connect; the relay runs with the built-in values."""
+    pg = make_relay(mock_cluster.bootstrap, database="shop")
+    pg.wait_workers_running(1)
+    pg.sql("CREATE ROLE shop_owner LOGIN", dbname="postgres")
+    pg.sql('ALTER DATABASE "shop" OWNER TO shop_owner', dbname="postgres")
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="shop_owner", dbname="postgres", autocommit=True) as c:
+        for setting in ("enable_indexscan = off", "enable_hashjoin = off", "work_mem = '64kB'",
+                        "random_page_cost = 1000", "default_transaction_isolation = 'serializable'"):
+            c.execute(f'ALTER DATABASE "shop" SET {setting}')
+    pg.restart()
+    pg.wait_workers_running(1)
+    pg.sql("""
+        CREATE TABLE public.seen (work_mem text, enable_indexscan text, random_page_cost text, isolation text);
+        GRANT INSERT ON public.seen TO outbox_relay;
+        CREATE FUNCTION public.record_settings() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO public.seen VALUES (current_setting('work_mem'), current_setting('enable_indexscan'),
+                                            current_setting('random_page_cost'), current_setting('transaction_isolation'));
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER record_settings BEFORE UPDATE ON outbox.events FOR EACH ROW
+        EXECUTE FUNCTION public.record_settings();
+    """, dbname="shop")
+    enqueue_many(pg, "billing", 2, dbname="shop")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'published'", dbname="shop") == 2,
+               30, "published")
+    assert set(pg.sql("SELECT * FROM public.seen", dbname="shop")) == {("4MB", "on", "4", "read committed")}
+
+
+def test_drop_database_with_another_session_open_does_not_stop_the_relay(mock_cluster, make_relay):
+    """DROP DATABASE fails while another session is connected; its owner looping it must not
+    restart the relay every time."""
+    pg = make_relay(mock_cluster.bootstrap, database="shop")
+    pg.wait_workers_running(1)
+    pid = worker_pid(pg)
+    with pg.connect("shop") as session_in_shop:
+        session_in_shop.execute("SELECT 1")
+        for _ in range(2):
+            with pytest.raises(psycopg.errors.ObjectInUse):
+                pg.sql('DROP DATABASE "shop"', dbname="postgres")
+            os.kill(pid, 0)
+            assert worker_pid(pg) == pid
+    assert count_in_log(pg, "stopping the relay workers for DROP DATABASE") == 0
