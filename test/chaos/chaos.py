@@ -216,10 +216,12 @@ class Driver:
         per_topic = {}
         for r in rows:
             per_topic[r[1]] = per_topic.get(r[1], 0) + 1
-        records = {topic: [(r.partition, r.offset, r.event_id, r.value)
-                           for r in read_topic(mock.bootstrap, topic, per_topic.get(topic, 0), timeout=120,
-                                               settle=True)]
-                   for topic in TOPICS}
+        records = {}
+        for topic in TOPICS:
+            records[topic] = [(r.partition, r.offset, r.event_id, r.value)
+                              for r in read_topic(mock.bootstrap, topic, per_topic.get(topic, 0), timeout=600,
+                                                  settle=True)]
+            self.say(f"{topic}: {len(records[topic])} records read back, {per_topic.get(topic, 0)} committed")
         report = judge(rows, records,
                        acked_sync={e for w in writers if w.synchronous for e in w.acked},
                        acked_async={e for w in writers if not w.synchronous for e in w.acked},
