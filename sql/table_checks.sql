@@ -86,12 +86,12 @@ SELECT e, 'billing', 'k' || (i % 100), outbox.lane_of('k' || (i % 100), e), '\x0
 FROM (SELECT gen_random_uuid() AS e, i FROM generate_series(1, 20000) i) s;
 ANALYZE outbox.events;
 PREPARE requeue(int, int) AS
-	UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane::integer % $1 = $2;
+	UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND (lane::integer % $1 + $1) % $1 = $2;
 EXPLAIN (COSTS OFF) EXECUTE requeue(1, 0);
 PREPARE next_retry(int, int) AS
 	SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)::bigint
 	FROM outbox.events
-	WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() AND lane::integer % $1 = $2;
+	WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() AND (lane::integer % $1 + $1) % $1 = $2;
 EXPLAIN (COSTS OFF) EXECUTE next_retry(1, 0);
 DEALLOCATE requeue;
 DEALLOCATE next_retry;

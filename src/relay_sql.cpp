@@ -36,7 +36,7 @@ WITH candidates AS (
 	       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)
 	        + coalesce(octet_length(e.headers::text), 0))::bigint AS size
 	FROM outbox.events e
-	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND e.lane::integer % $1 = $2
+	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND (e.lane::integer % $1 + $1) % $1 = $2
 	  AND (e.key IS NULL OR NOT EXISTS (
 	        SELECT 1 FROM outbox.events b
 	        WHERE b.key = e.key AND b.id < e.id
@@ -102,7 +102,7 @@ WITH o AS (
 		attempts = CASE WHEN o.outcome = 'r' THEN least(e.attempts, 999999) + 1 ELSE e.attempts END,
 		last_error = coalesce(o.error, e.last_error),
 		next_attempt_at = CASE o.outcome
-		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, least(e.attempts, 30)::float8))
+		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
 		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
 		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0::float8)
 		    WHEN 'x' THEN now()
@@ -116,11 +116,13 @@ SELECT event_id::text, topic, key, attempts, last_error FROM updated WHERE statu
 // (Attempts and the backoff exponent are clamped so that no row, however it was written, can
 // make this statement fail: a failing record would resend the batch forever.)
 
+// Lanes are taken modulo the worker count with a non-negative result everywhere: a lane outside
+// 0..1023 (possible only with the table's checks dropped) still belongs to exactly one worker.
 // Orphans: this worker's lanes' rows left in_flight by a crash, an ERROR, or a hand-written row.
 // Run before every claim, in the claim's transaction (events_in_flight_idx keeps it off the
 // retained history). The claim then sees them pending: SPI takes a new snapshot per statement.
 const char *const kRequeueSql =
-    "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND lane::integer % $1 = $2";
+    "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND (lane::integer % $1 + $1) % $1 = $2";
 
 // Rows waiting for a retry are the pending ones in events_blocking_key_idx (next_attempt_at past
 // created_at); the wait is capped so that no timestamp, however far, can overflow it.
@@ -128,7 +130,7 @@ const char *const kNextRetrySql =
     "SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)"
     "::bigint FROM outbox.events "
     "WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() "
-    "AND lane::integer % $1 = $2";
+    "AND (lane::integer % $1 + $1) % $1 = $2";
 
 // Retention, by the relay itself: it calls no function that a database user could have put in
 // the function's place.
