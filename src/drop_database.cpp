@@ -60,26 +60,47 @@ StopRelayWorkers() {
 // keeping a session open could make every DROP DATABASE restart the relay.
 bool
 OthersHoldTheDatabase(Oid db, const DropdbStmt *stmt) {
+	// WITH (FORCE) ends the other sessions, but a non-superuser's only when it may signal them
+	// all; for one, sessions still count as holding.
 	bool force = false;
 	ListCell *cell;
 	foreach (cell, stmt->options) {
 		DefElem *option = lfirst_node(DefElem, cell);
 		force |= strcmp(option->defname, "force") == 0;
 	}
-	const char *sql = "SELECT (SELECT datistemplate FROM pg_catalog.pg_database WHERE oid = $1)"
-	                  " OR (NOT $2 AND EXISTS (SELECT FROM pg_catalog.pg_stat_activity a WHERE a.datid = $1"
-	                  "                        AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
-	                  "                        AND a.backend_type OPERATOR(pg_catalog.<>) ALL"
-	                  "                            ('{outbox relay,autovacuum worker}'::pg_catalog.text[])))"
-	                  " OR EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts p, pg_catalog.pg_database d"
-	                  "            WHERE d.oid = $1 AND p.database OPERATOR(pg_catalog.=) d.datname)"
-	                  " OR EXISTS (SELECT FROM pg_catalog.pg_replication_slots r WHERE r.datoid = $1)";
-	Oid types[2] = {OIDOID, BOOLOID};
-	Datum values[2] = {ObjectIdGetDatum(db), BoolGetDatum(force)};
+	force = force && superuser();
+	// The relay's own workers are told apart by pid: a row of another role's session may show
+	// no backend type to the caller, and counts as a holder.
+	Datum pids[kMaxWorkers];
+	int n_pids = 0;
+	for (int i = 0; i < settings.workers; i++) {
+		WorkerSlot *slot = SlotOf(i);
+		SpinLockAcquire(&slot->mutex);
+		int pid = slot->pid;
+		SpinLockRelease(&slot->mutex);
+		if (pid != 0) {
+			pids[n_pids++] = Int32GetDatum(pid);
+		}
+	}
+	const char *sql =
+	    "SELECT (SELECT d.datistemplate FROM pg_catalog.pg_database d WHERE d.oid OPERATOR(pg_catalog.=) $1)"
+	    " OR (NOT $2 AND EXISTS (SELECT FROM pg_catalog.pg_stat_activity a"
+	    "                        WHERE a.datid OPERATOR(pg_catalog.=) $1"
+	    "                          AND a.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()"
+	    "                          AND a.pid OPERATOR(pg_catalog.<>) ALL ($3)"
+	    "                          AND a.backend_type IS DISTINCT FROM 'autovacuum worker'))"
+	    " OR EXISTS (SELECT FROM pg_catalog.pg_prepared_xacts p, pg_catalog.pg_database d"
+	    "            WHERE d.oid OPERATOR(pg_catalog.=) $1 AND p.database OPERATOR(pg_catalog.=) d.datname)"
+	    " OR EXISTS (SELECT FROM pg_catalog.pg_replication_slots r"
+	    "            WHERE r.datoid OPERATOR(pg_catalog.=) $1 AND r.active)"
+	    " OR EXISTS (SELECT FROM pg_catalog.pg_subscription s WHERE s.subdbid OPERATOR(pg_catalog.=) $1)";
+	Oid types[3] = {OIDOID, BOOLOID, INT4ARRAYOID};
+	Datum values[3] = {ObjectIdGetDatum(db), BoolGetDatum(force),
+	                   PointerGetDatum(construct_array(pids, n_pids, INT4OID, sizeof(int32), true, TYPALIGN_INT))};
 	if (SPI_connect() != SPI_OK_CONNECT) {
 		elog(ERROR, "outbox: SPI_connect failed");
 	}
-	int rc = SPI_execute_with_args(sql, 2, types, values, nullptr, true, 1);
+	int rc = SPI_execute_with_args(sql, 3, types, values, nullptr, true, 1);
 	bool held = true;
 	if (rc == SPI_OK_SELECT && SPI_processed == 1) {
 		bool isnull;

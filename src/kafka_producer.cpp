@@ -163,8 +163,16 @@ ParsePropertiesFile(const char *path, Properties *out, std::string *error) {
 	}
 	std::string text;
 	char buf[4096];
-	for (ssize_t n; text.size() <= size_t(kMaxPropertiesFileBytes) && (n = read(fd, buf, sizeof(buf))) > 0;) {
+	ssize_t n = 0;
+	while (text.size() <= size_t(kMaxPropertiesFileBytes) && (n = read(fd, buf, sizeof(buf))) > 0) {
 		text.append(buf, size_t(n));
+	}
+	if (n < 0 || text.size() > size_t(kMaxPropertiesFileBytes)) {
+		int read_errno = errno;
+		close(fd);
+		*error = std::string("outbox.kafka_properties_file \"") + path + "\": " +
+		         (n < 0 ? strerror(read_errno) : "grew past 1 MB while being read");
+		return false;
 	}
 	close(fd);
 	std::vector<std::pair<int, std::string>> entries;

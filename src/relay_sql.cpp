@@ -395,15 +395,22 @@ Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int
 	// worker's SPI statements run without it unless armed here. (An ERROR leaves both timers to
 	// the recovery block's disable_all_timeouts.)
 	enable_timeout_after(STATEMENT_TIMEOUT, settings.statement_timeout_ms);
+	// The grace is counted from this statement's first look at a pending stop.
+	stop_seen_at = 0;
+#if PG_VERSION_NUM >= 150000
 	if (stop_check_timeout != MAX_TIMEOUTS) {
 		enable_timeout_every(stop_check_timeout, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kStopCheckMs),
 		                     kStopCheckMs);
 	}
+#endif
 	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
 	if (stop_check_timeout != MAX_TIMEOUTS) {
 		disable_timeout(stop_check_timeout, false);
 	}
 	disable_timeout(STATEMENT_TIMEOUT, false);
+	// A cancel the timer set after the statement's last interrupt check is served here, inside
+	// the step: left pending, the commit would meet it (and skip a synchronous-standby wait).
+	CHECK_FOR_INTERRUPTS();
 	if (rc != expected) {
 		elog(ERROR, "outbox relay: statement failed: %s", SPI_result_code_string(rc));
 	}
@@ -576,7 +583,9 @@ CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 
 void
 InitStatementStopCheck() {
+#if PG_VERSION_NUM >= 150000 // enable_timeout_every: before 15 a stop waits for the statement's own timeouts
 	stop_check_timeout = RegisterTimeout(USER_TIMEOUT, OnStopCheck);
+#endif
 }
 
 const char *

@@ -166,6 +166,7 @@ PinSessionSettings() {
 	    {"idle_in_transaction_session_timeout", "0"},
 	    {"default_transaction_read_only", "off"},
 	    {"default_transaction_isolation", "read committed"},
+	    {"default_transaction_deferrable", "off"},
 	    {"transform_null_equals", "off"},
 	    {"session_replication_role", "origin"},
 	    // The claim's generic plan is costed high on a large backlog, which would make LLVM JIT
@@ -208,10 +209,13 @@ CurrentProducerConfig() {
 // are applied to this session at connect. The relay runs with the server's own: each of them goes
 // back to its built-in default (settings that only change plans could otherwise make every claim
 // time out), and the identity to the bootstrap superuser it connected as (a session_authorization
-// or role would make each step start as the owner's role, which could then signal the worker).
-// The pins of PinSessionSettings come on top.
+// or role would make each step start as the owner's role). Settings read at reload keep the
+// value set here (source override) until the next start.
 void
 ResetDatabaseSettings() {
+	// PinSessionSettings ran first: the search_path, isolation and read-only pins are in force
+	// for the query below (a database's serializable deferrable default would make this very
+	// snapshot wait for every serializable transaction of the cluster).
 	StartTransactionCommand();
 	SetConfigOption("session_authorization", GetUserNameFromId(BOOTSTRAP_SUPERUSERID, false), PGC_SUSET,
 	                PGC_S_OVERRIDE);
@@ -220,18 +224,30 @@ ResetDatabaseSettings() {
 	if (SPI_connect() != SPI_OK_CONNECT) {
 		elog(ERROR, "outbox relay: SPI_connect failed");
 	}
-	int rc = SPI_execute("SELECT name, boot_val FROM pg_catalog.pg_settings "
-	                     "WHERE source IN ('database', 'user', 'database user') "
-	                     "AND name NOT IN ('session_authorization', 'role') AND boot_val IS NOT NULL",
-	                     true, 0);
+	// Only what a database owner may set (context 'user'); the outbox.* settings stay (a
+	// superuser may set them per database, and enqueue there follows them too). The value: the
+	// configuration files' (postgresql.conf, ALTER SYSTEM), else the built-in default.
+	int rc = SPI_execute(
+	    "SELECT s.name, coalesce((SELECT f.setting FROM pg_catalog.pg_file_settings f "
+	    "                         WHERE f.name OPERATOR(pg_catalog.=) s.name AND f.error IS NULL "
+	    "                         ORDER BY f.seqno DESC LIMIT 1), s.boot_val) "
+	    "FROM pg_catalog.pg_settings s "
+	    "WHERE s.source OPERATOR(pg_catalog.=) ANY ('{database,user,database user}'::pg_catalog.text[]) "
+	    "AND s.context OPERATOR(pg_catalog.=) 'user' "
+	    "AND s.name OPERATOR(pg_catalog.<>) ALL ('{session_authorization,role}'::pg_catalog.text[]) "
+	    "AND s.name OPERATOR(pg_catalog.!~~) 'outbox.%'",
+	    true, 0);
 	if (rc != SPI_OK_SELECT) {
 		elog(ERROR, "outbox relay: could not read the session's settings: %s", SPI_result_code_string(rc));
 	}
 	for (uint64 i = 0; i < SPI_processed; i++) {
 		const char *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
-		const char *boot = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
-		// A setting that cannot change after connect start stays, with a WARNING, not an exit.
-		(void)set_config_option(name, boot, PGC_SUSET, PGC_S_OVERRIDE, GUC_ACTION_SET, true, WARNING, false);
+		const char *value = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+		if (value == nullptr) {
+			continue;
+		}
+		// A value that does not take stays as it was, with a WARNING, not an exit.
+		(void)set_config_option(name, value, PGC_SUSET, PGC_S_OVERRIDE, GUC_ACTION_SET, true, WARNING, false);
 	}
 	SPI_finish();
 	PopActiveSnapshot();
@@ -798,8 +814,8 @@ Attach(int index) {
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
 
-	ResetDatabaseSettings();
 	PinSessionSettings();
+	ResetDatabaseSettings();
 	InitStatementStopCheck();
 }
 

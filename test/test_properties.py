@@ -17,7 +17,7 @@ cluster, one cluster per test function:
 Throughout, the relay workers keep their pids (no crash restart; the suite's crash watch reads
 the server log too) and the log shows no ERROR loop.
 
-Examples per test: OUTBOX_PROPERTY_EXAMPLES (default 150, up to 25 inputs each, well under 2 minutes
+Examples per test: OUTBOX_PROPERTY_EXAMPLES (default 400, up to 25 inputs each, a few minutes
 per test); a longer run:
     OUTBOX_PROPERTY_EXAMPLES=1000 python3 -m pytest test/test_properties.py -p no:cacheprovider
 A failure prints the falsifying example and a @reproduce_failure blob."""
@@ -34,7 +34,7 @@ from psycopg.types.json import Jsonb
 
 from harness.wait import wait_until
 
-EXAMPLES = int(os.environ.get("OUTBOX_PROPERTY_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("OUTBOX_PROPERTY_EXAMPLES", "400"))
 MAX_PAYLOAD = 64 * 1024  # outbox.max_payload_bytes in these tests: its edge is cheap to cross
 ENQUEUE_SQLSTATES = {
     "22023",  # invalid_parameter_value: topic name, headers shape, reserved header
