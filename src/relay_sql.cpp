@@ -93,13 +93,13 @@ WITH o AS (
 	UPDATE outbox.events e SET
 		status = CASE o.outcome
 		           WHEN 'p' THEN 'published'
-		           WHEN 'r' THEN CASE WHEN least(e.attempts, 999999) + 1 >= $6 THEN 'failed' ELSE 'pending' END
+		           WHEN 'r' THEN CASE WHEN greatest(least(e.attempts, 999999), 0) + 1 >= $6 THEN 'failed' ELSE 'pending' END
 		           WHEN 'x' THEN 'failed'
 		           ELSE 'pending' END,
 		published_at = CASE WHEN o.outcome = 'p' THEN now() END,
 		kafka_partition = CASE WHEN o.outcome = 'p' THEN o.kafka_partition END,
 		kafka_offset = CASE WHEN o.outcome = 'p' THEN o.kafka_offset END,
-		attempts = CASE WHEN o.outcome = 'r' THEN least(e.attempts, 999999) + 1 ELSE e.attempts END,
+		attempts = CASE WHEN o.outcome = 'r' THEN greatest(least(e.attempts, 999999), 0) + 1 ELSE e.attempts END,
 		last_error = coalesce(o.error, e.last_error),
 		next_attempt_at = CASE o.outcome
 		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
