@@ -24,17 +24,28 @@ constexpr long kStopWaitMs = 10000;
 #if PG_VERSION_NUM >= 140000 // PostgreSQL 13's hook lacks read_only_tree: not installed there
 ProcessUtility_hook_type previous_utility_hook = nullptr;
 
-// Signals every relay worker to stop and waits, bounded, until their slots are free.
-void
-StopRelayWorkers() {
+// The pids of the relay workers running now, into pids[kMaxWorkers]; returns how many.
+int
+RelayWorkerPids(int *pids) {
+	int n = 0;
 	for (int i = 0; i < settings.workers; i++) {
 		WorkerSlot *slot = SlotOf(i);
 		SpinLockAcquire(&slot->mutex);
 		int pid = slot->pid;
 		SpinLockRelease(&slot->mutex);
 		if (pid != 0) {
-			kill(pid, SIGTERM);
+			pids[n++] = pid;
 		}
+	}
+	return n;
+}
+
+// Signals every relay worker to stop and waits, bounded, until their slots are free.
+void
+StopRelayWorkers() {
+	int pids[kMaxWorkers];
+	for (int i = 0, n = RelayWorkerPids(pids); i < n; i++) {
+		kill(pids[i], SIGTERM);
 	}
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kStopWaitMs);
 	for (;;) {
@@ -71,16 +82,11 @@ OthersHoldTheDatabase(Oid db, const DropdbStmt *stmt) {
 	force = force && superuser();
 	// The relay's own workers are told apart by pid: a row of another role's session may show
 	// no backend type to the caller, and counts as a holder.
+	int relay_pids[kMaxWorkers];
+	int n_pids = RelayWorkerPids(relay_pids);
 	Datum pids[kMaxWorkers];
-	int n_pids = 0;
-	for (int i = 0; i < settings.workers; i++) {
-		WorkerSlot *slot = SlotOf(i);
-		SpinLockAcquire(&slot->mutex);
-		int pid = slot->pid;
-		SpinLockRelease(&slot->mutex);
-		if (pid != 0) {
-			pids[n_pids++] = Int32GetDatum(pid);
-		}
+	for (int i = 0; i < n_pids; i++) {
+		pids[i] = Int32GetDatum(relay_pids[i]);
 	}
 	const char *sql =
 	    "SELECT (SELECT d.datistemplate FROM pg_catalog.pg_database d WHERE d.oid OPERATOR(pg_catalog.=) $1)"
