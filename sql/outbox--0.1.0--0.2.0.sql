@@ -42,6 +42,18 @@ ALTER TABLE outbox.events
 	-- Keys are in the per-key indexes, whose entries have a size limit (enqueue: kMaxKeyBytes).
 	ADD CONSTRAINT events_key_length_check CHECK (octet_length(key) <= 2048);
 
+-- ---------------------------------------------------------------------------------------------
+-- Commit order (DESIGN.md "Commit order"). The relay publishes a (topic, key)'s events in
+-- order_lsn order. enqueue's insert stamps the WAL insert position; when another transaction
+-- with events of the same (topic, key) committed after that stamp was taken, the enqueuing
+-- transaction re-stamps its rows of that key at commit, under a per-(topic, key) lock held until
+-- the commit is visible, so the order follows commit order whatever the identity's CACHE or the
+-- wall clock does. Rows of 0.1.0 keep id order: they all read as 0/0 (no table rewrite), and id
+-- breaks ties.
+-- ---------------------------------------------------------------------------------------------
+ALTER TABLE outbox.events ADD COLUMN order_lsn pg_lsn NOT NULL DEFAULT '0/0';
+ALTER TABLE outbox.events ALTER COLUMN order_lsn SET DEFAULT pg_catalog.pg_current_wal_insert_lsn();
+
 -- Orphans of a crash or an error: the relay puts its lanes' in-flight rows back to pending
 -- before every claim, so this must not read the retained history.
 CREATE INDEX events_in_flight_idx ON outbox.events (id) WHERE status = 'in_flight';
