@@ -26,6 +26,8 @@ PG_CONFIG ?= pg_config
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers
 # Server headers as system headers: their own warnings are not ours.
 PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server)
+# The schema version this library's relay speaks (it waits for ALTER EXTENSION UPDATE otherwise).
+PG_CPPFLAGS += -DOUTBOX_SCHEMA_VERSION='"$(EXTVERSION)"'
 ifeq ($(ERROR_ON_WARNING),1)
 PG_CXXFLAGS += -Werror
 endif

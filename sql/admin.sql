@@ -45,7 +45,7 @@ SELECT outbox.purge(NULL) AS null_is_default;
 -- Retry one failed event: back to pending with attempts reset.
 SELECT event_id AS failed_id FROM outbox.events WHERE status = 'failed' AND topic = 'billing.invoices' ORDER BY id LIMIT 1 \gset
 SELECT outbox.retry(:'failed_id');
-SELECT status, attempts, next_attempt_at <= now() AS due, last_error IS NOT NULL AS error_kept
+SELECT status, attempts, coalesce(next_attempt_at <= now(), true) AS due, last_error IS NOT NULL AS error_kept
 FROM outbox.events WHERE event_id = :'failed_id';
 
 -- Bad input to retry.

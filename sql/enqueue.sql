@@ -8,7 +8,7 @@ SELECT outbox.enqueue('billing.invoices', 'inv-2', '\xdeadbeef'::bytea) IS NOT N
 -- An untyped literal resolves to the text variant.
 SELECT outbox.enqueue('billing.invoices', 'inv-2', 'untyped') IS NOT NULL AS untyped_ok;
 SELECT topic, key, payload, CASE WHEN key = 'inv-1' THEN convert_from(payload, 'UTF8') END AS as_text, headers, status, attempts,
-       next_attempt_at <= now() AS due, last_error, published_at, kafka_partition, kafka_offset
+       coalesce(next_attempt_at <= now(), true) AS due, last_error, published_at, kafka_partition, kafka_offset
 FROM outbox.events ORDER BY id;
 
 -- Ids follow enqueue order.

@@ -1,5 +1,6 @@
 -- outbox 0.1.0 -> 0.2.0: the table refuses rows the relay could not publish, the queue survives
--- pg_dump, and the relay runs as a role of its own. (A new install runs 0.1.0, then this.)
+-- pg_dump, the relay runs as a role of its own, publishes a (topic, key) in commit order and
+-- writes each event once. (A new install runs 0.1.0, then this.)
 
 \echo Use "ALTER EXTENSION outbox UPDATE" to load this file. \quit
 
@@ -32,7 +33,7 @@ ALTER TABLE outbox.events
 		           AND NOT headers ? 'event_id'
 		           AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")'))),
 	ADD CONSTRAINT events_times_check
-		CHECK (isfinite(created_at) AND isfinite(next_attempt_at)
+		CHECK (isfinite(created_at) AND (next_attempt_at IS NULL OR isfinite(next_attempt_at))
 		       AND (claimed_at IS NULL OR isfinite(claimed_at))
 		       AND (published_at IS NULL OR isfinite(published_at))),
 	ADD CONSTRAINT events_attempts_check CHECK (attempts >= 0 AND attempts <= 1000000),
@@ -53,6 +54,74 @@ ALTER TABLE outbox.events
 -- ---------------------------------------------------------------------------------------------
 ALTER TABLE outbox.events ADD COLUMN order_lsn pg_lsn NOT NULL DEFAULT '0/0';
 ALTER TABLE outbox.events ALTER COLUMN order_lsn SET DEFAULT pg_catalog.pg_current_wal_insert_lsn();
+
+-- ---------------------------------------------------------------------------------------------
+-- The hot path (DESIGN.md "Data path"): the relay keeps a batch's rows locked while it publishes
+-- them and then writes each row once; nothing is in_flight any more (the status stays valid so
+-- that rows of a 0.1.0 relay are put back to pending). next_attempt_at is NULL until the relay
+-- makes an event wait (a retry's backoff, an unavailable partition): the waiting rows, and only
+-- they, are in events_waiting_idx, whatever the wall clock did meanwhile.
+-- ---------------------------------------------------------------------------------------------
+ALTER TABLE outbox.events ALTER COLUMN next_attempt_at DROP NOT NULL,
+                          ALTER COLUMN next_attempt_at DROP DEFAULT;
+UPDATE outbox.events SET next_attempt_at = NULL
+WHERE status IN ('pending', 'in_flight') AND next_attempt_at <= created_at;
+
+DROP INDEX outbox.events_pending_idx;
+DROP INDEX outbox.events_pending_key_idx;
+DROP INDEX outbox.events_blocking_key_idx;
+-- The claim: rows that still need a publish, in order_lsn order (one entry per event).
+CREATE INDEX events_pending_idx ON outbox.events (order_lsn, id) WHERE status = 'pending';
+-- Per-(topic, key) gating, probed per claimed row: "does an earlier event of this (topic, key)
+-- wait or block?" Only waiting, failed and orphaned in_flight rows are in it, so the usual probe
+-- finds nothing.
+CREATE INDEX events_waiting_idx ON outbox.events (topic, key, order_lsn, id)
+	WHERE status IN ('failed', 'in_flight') OR (status = 'pending' AND next_attempt_at IS NOT NULL);
+
+CREATE OR REPLACE FUNCTION outbox.retry(event_id uuid)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	current_status text;
+BEGIN
+	IF retry.event_id IS NULL THEN
+		RAISE EXCEPTION 'event_id must not be NULL'
+			USING ERRCODE = 'null_value_not_allowed',
+			      HINT = 'Pass the event_id shown by outbox.failed.';
+	END IF;
+	SELECT e.status INTO current_status FROM outbox.events e WHERE e.event_id = retry.event_id
+	FOR UPDATE;
+	IF NOT FOUND THEN
+		RAISE EXCEPTION 'no outbox event with event_id %', retry.event_id
+			USING ERRCODE = 'no_data_found',
+			      HINT = 'outbox.failed lists the events that can be retried.';
+	END IF;
+	IF current_status <> 'failed' THEN
+		RAISE EXCEPTION 'outbox event % is %, not failed', retry.event_id, current_status
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			      HINT = 'Only events in outbox.failed can be retried.';
+	END IF;
+	UPDATE outbox.events e
+	SET status = 'pending', attempts = 0, next_attempt_at = NULL
+	WHERE e.event_id = retry.event_id;
+	RETURN 1;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.retry_failed(topic text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	WITH retried AS (
+		UPDATE outbox.events e
+		SET status = 'pending', attempts = 0, next_attempt_at = NULL
+		WHERE e.status = 'failed' AND (retry_failed.topic IS NULL OR e.topic = retry_failed.topic)
+		RETURNING 1)
+	SELECT count(*) FROM retried;
+$$;
 
 -- Orphans of a crash or an error: the relay puts its lanes' in-flight rows back to pending
 -- before every claim, so this must not read the retained history.

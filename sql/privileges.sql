@@ -2,7 +2,7 @@
 -- monitoring role the views only.
 SELECT has_schema_privilege('public', 'outbox', 'USAGE') AS public_usage;
 SELECT p.oid::regprocedure, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
-FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace ORDER BY 1::text;
+FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace ORDER BY p.oid::regprocedure::text;
 SELECT c.relname, has_table_privilege('public', c.oid, 'SELECT') AS public_select
 FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v') ORDER BY 1;
 

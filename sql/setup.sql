@@ -19,7 +19,7 @@ ORDER BY 1;
 SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer, p.proconfig
 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 WHERE n.nspname = 'outbox'
-ORDER BY 1::text;
+ORDER BY p.oid::regprocedure::text;
 
 -- The library refuses to be loaded any other way than shared_preload_libraries: loading it
 -- again in a session is a no-op (already loaded), so this is checked by the worker tests.

@@ -77,22 +77,52 @@ WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v')
 ORDER BY 1, 2;
 SELECT p.oid::regprocedure AS executable
 FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND has_function_privilege('outbox_relay', p.oid, 'EXECUTE')
-ORDER BY 1::text;
--- The relay's requeue and next-retry statements (as in src/relay_sql.cpp) read partial indexes of
--- unfinished rows, never the retained history.
+ORDER BY p.oid::regprocedure::text;
+-- The relay's statements (as in src/relay_sql.cpp) read partial indexes of unfinished rows, never
+-- the retained history, and walk them in order: with the planner settings the relay pins
+-- (src/worker.cpp), the claim's plan is the same without statistics as with them.
 TRUNCATE outbox.events;
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, status, published_at, kafka_partition, kafka_offset)
 SELECT e, 'billing', 'k' || (i % 100), outbox.lane_of('k' || (i % 100), e), '\x00', 'published', now(), 0, i
 FROM (SELECT gen_random_uuid() AS e, i FROM generate_series(1, 20000) i) s;
+SET enable_seqscan = off;
+SET enable_sort = off;
+PREPARE candidates(int, int, int, boolean) AS
+	SELECT e.ctid, e.id, e.topic, e.key,
+	       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)
+	        + coalesce(octet_length(e.headers::text), 0))::bigint
+	FROM outbox.events e
+	WHERE e.status = 'pending' AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+	  AND (e.lane::integer % $1 + $1) % $1 = $2
+	  AND (e.key IS NULL OR NOT EXISTS (
+	        SELECT 1 FROM outbox.events b
+	        WHERE b.topic = e.topic AND b.key = e.key AND (b.order_lsn, b.id) < (e.order_lsn, e.id)
+	          AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)
+	               OR (b.status = 'pending' AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now()))))
+	ORDER BY e.order_lsn, e.id
+	LIMIT $3;
+EXPLAIN (COSTS OFF) EXECUTE candidates(1, 0, 5000, true);
 ANALYZE outbox.events;
+EXPLAIN (COSTS OFF) EXECUTE candidates(2, 1, 5000, true);
+PREPARE lock(tid[]) AS
+	SELECT e.id, e.status = 'pending' FROM outbox.events e WHERE e.ctid = ANY ($1) FOR UPDATE OF e SKIP LOCKED;
+EXPLAIN (COSTS OFF) EXECUTE lock('{"(0,1)","(0,2)"}');
 PREPARE requeue(int, int) AS
-	UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND (lane::integer % $1 + $1) % $1 = $2;
+	UPDATE outbox.events e SET status = 'pending'
+	WHERE e.id IN (SELECT o.id FROM outbox.events o
+	               WHERE o.status = 'in_flight' AND (o.lane::integer % $1 + $1) % $1 = $2
+	               FOR UPDATE OF o SKIP LOCKED);
 EXPLAIN (COSTS OFF) EXECUTE requeue(1, 0);
 PREPARE next_retry(int, int) AS
 	SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)::bigint
 	FROM outbox.events
-	WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() AND (lane::integer % $1 + $1) % $1 = $2;
+	WHERE status = 'pending' AND next_attempt_at IS NOT NULL AND next_attempt_at > now()
+	  AND (lane::integer % $1 + $1) % $1 = $2;
 EXPLAIN (COSTS OFF) EXECUTE next_retry(1, 0);
+DEALLOCATE candidates;
+DEALLOCATE lock;
 DEALLOCATE requeue;
 DEALLOCATE next_retry;
+RESET enable_seqscan;
+RESET enable_sort;
 TRUNCATE outbox.events;

@@ -526,6 +526,27 @@ PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_m
 	}
 }
 
+bool
+BrokerReachable(Producer *p, int budget_ms) noexcept {
+	auto start = std::chrono::steady_clock::now();
+	while (p->broker_up == 0) {
+		long left_ms = budget_ms - MillisSince(start);
+		if (left_ms <= 0 || StopRequested(p->config)) {
+			return false;
+		}
+		const struct rd_kafka_metadata *md = nullptr;
+		rd_kafka_resp_err_t err =
+		    rd_kafka_metadata(p->rk, 0, nullptr, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));
+		if (md) {
+			rd_kafka_metadata_destroy(md);
+		}
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			p->broker_up = 1;
+		}
+	}
+	return true;
+}
+
 int
 Produce(Producer *p, int index, const Message &m) noexcept {
 	rd_kafka_headers_t *headers = rd_kafka_headers_new(size_t(m.n_headers));

@@ -11,9 +11,15 @@ extern "C" {
 
 #include "access/transam.h"         // FirstNormalObjectId
 #include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
+#include "access/xlog.h"            // XLogFlush: nothing is published before its commit is durable
 #include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
 #include "catalog/pg_class.h"       // RELKIND_RELATION
 #include "catalog/pg_namespace.h"   // NamespaceRelationId
+#include "catalog/pg_extension.h"   // extversion: the relay waits for ALTER EXTENSION UPDATE
+#include "catalog/indexing.h"
+#include "access/genam.h"           // systable_beginscan
+#include "access/table.h"
+#include "utils/fmgroids.h"         // F_OIDEQ
 #include "commands/extension.h"     // get_extension_oid
 #include "catalog/pg_proc.h"        // Anum_pg_proc_oid: the relay role's EXECUTE on lane_of
 #include "catalog/pg_authid.h"      // BOOTSTRAP_SUPERUSERID
@@ -30,6 +36,7 @@ extern "C" {
 #include "pgstat.h"                 // pgstat_report_activity, pgstat_report_stat
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
+#include "replication/syncrep.h"    // SyncRepWaitForLSN, as a commit waits for synchronous standbys
 #include "storage/bufmgr.h"         // the relay's error recovery releases what a transaction would
 #include "storage/fd.h"
 #include "storage/ipc.h"            // before_shmem_exit, shmem hooks

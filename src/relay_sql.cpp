@@ -9,82 +9,67 @@ namespace outbox {
 
 namespace {
 
-// Claim: due pending rows of this worker's lanes, in enqueue order, skipping rows another
-// transaction holds. A row is only taken when no earlier row of its key is unfinished:
-//  - candidates: not behind a row that blocks its key: failed (when failed events block their
-//    key), or waiting for its retry time. Those rows, and only those, are in the small partial
-//    index events_blocking_key_idx, so the usual probe finds nothing and reads no heap. In-flight
-//    rows need no probe: a key's rows are only ever in flight with the one worker that owns its
-//    lane, which claims nothing while it has a batch out and requeues any left over (after a
-//    crash or an error) before its next claim (worker.cpp);
-//  - skipped_keys: keys with an earlier pending row that SKIP LOCKED passed over (someone else
-//    held its lock) are left out of this batch altogether;
-//  - topic_cut: a key's run stops at its first change of topic (two partitions: nothing would
-//    keep the later one from being appended while the earlier one fails);
-//  - the byte budget over payload, key and headers (the first row always fits), so memory stays
-//    bounded whatever part of the events is large.
-// Per-key checks are one probe per key, not per row, so a hot key costs no more than many keys.
-// No join between the candidates and something derived from them: the topic cut is two window
-// passes and skipped_keys is materialized. A plan made from statistics of a small table (one
-// or a few candidates expected) would otherwise run such a join as a nested loop that recomputes
-// its inner side per candidate: quadratic, 1 to 22 s for a claim of a few thousand rows.
+// The claim, in two statements of the batch's transaction (DESIGN.md "Data path"):
+//  1. candidates: due pending rows of this worker's lanes in order_lsn order (commit order per
+//     (topic, key), DESIGN.md "Commit order"), read without locks, with their sizes for the
+//     byte budget. A row is a candidate only when no earlier row of its (topic, key) waits for
+//     a retry, is an in_flight orphan the requeue could not take (a user holds it) or, when
+//     failed events block their key, has failed: those rows, and only those, are in the small
+//     partial index events_waiting_idx, so the usual probe finds nothing.
+//  2. lock: the candidates that fit the budget, by ctid, FOR UPDATE SKIP LOCKED. A candidate not
+//     returned was locked or changed by another transaction (a user's statement: no other relay
+//     worker claims these lanes): the rest of its (topic, key) waits for the next batch
+//     (worker.cpp leaves them out), so nothing overtakes it.
+// The rows stay locked while the batch is published; one statement records the outcomes, and the
+// commit releases them. Nothing is written before the publish: a crash or an ERROR meanwhile
+// leaves the rows pending, unlocked, to be sent again (at-least-once).
+// Every plan is an index walk: the session disables sequential scans and sorts (worker.cpp), so
+// a plan made without statistics (a burst into a table not yet analyzed) is the same one.
 // Operators are spelled with exact argument types: the worker's search_path is pinned to
 // pg_catalog anyway (worker.cpp), this keeps the statements unambiguous besides.
-const char *const kClaimSql = R"SQL(
-WITH candidates AS (
-	SELECT e.id, e.key, e.topic,
-	       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)
-	        + coalesce(octet_length(e.headers::text), 0))::bigint AS size
-	FROM outbox.events e
-	WHERE e.status = 'pending' AND e.next_attempt_at <= now() AND (e.lane::integer % $1 + $1) % $1 = $2
-	  AND (e.key IS NULL OR NOT EXISTS (
-	        SELECT 1 FROM outbox.events b
-	        WHERE b.key = e.key AND b.id < e.id
-	          AND ((b.status = 'failed' AND $4)
-	               OR (b.status = 'pending' AND b.next_attempt_at > b.created_at
-	                   AND b.next_attempt_at > now()))))
-	ORDER BY e.id
-	LIMIT $3
-	FOR UPDATE OF e SKIP LOCKED
-), keys AS (
-	SELECT c.key, max(c.id) AS last_id FROM candidates c WHERE c.key IS NOT NULL GROUP BY c.key
-), skipped_keys AS MATERIALIZED (
-	SELECT k.key FROM keys k
-	WHERE EXISTS (SELECT 1 FROM outbox.events b
-	              WHERE b.key = k.key AND b.id < k.last_id AND b.status = 'pending'
-	                AND b.id NOT IN (SELECT c.id FROM candidates c))
-), first_topics AS (
-	SELECT c.id, c.key, c.topic, c.size,
-	       first_value(c.topic) OVER (PARTITION BY c.key ORDER BY c.id) AS first_topic
-	FROM candidates c
-), topic_cut AS (
-	SELECT f.id, f.key, f.size,
-	       bool_or(f.topic <> f.first_topic) OVER (PARTITION BY f.key ORDER BY f.id) AS after_topic_change
-	FROM first_topics f
-), sized AS (
-	SELECT t.id, t.key, sum(t.size) OVER (ORDER BY t.id) - t.size AS bytes_before
-	FROM topic_cut t
-	WHERE t.key IS NULL OR (NOT t.after_topic_change AND t.key NOT IN (SELECT k.key FROM skipped_keys k))
-), chosen AS (
-	SELECT s.id FROM sized s WHERE s.bytes_before < $5
-), claimed AS (
-	UPDATE outbox.events e SET status = 'in_flight', claimed_at = now()
-	FROM chosen WHERE e.id = chosen.id
-	RETURNING e.id, e.event_id, e.topic, e.key, e.payload, e.headers
-)
-SELECT c.id, c.event_id::text, c.topic, c.key, c.payload,
-       CASE WHEN jsonb_typeof(c.headers) = 'object'
-            THEN ARRAY(SELECT h.key FROM jsonb_each_text(c.headers) h ORDER BY h.key) END,
-       CASE WHEN jsonb_typeof(c.headers) = 'object'
-            THEN ARRAY(SELECT h.value FROM jsonb_each_text(c.headers) h ORDER BY h.key) END,
-       c.headers IS NOT NULL AND jsonb_typeof(c.headers) <> 'object'
-FROM claimed c
-ORDER BY c.id
+#define OUTBOX_CANDIDATES_SQL(passed_over) \
+	"SELECT e.ctid, e.id, e.topic, e.key," \
+	"       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)" \
+	"        + coalesce(octet_length(e.headers::text), 0))::bigint" \
+	" FROM outbox.events e" \
+	" WHERE e.status = 'pending' AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())" \
+	"   AND (e.lane::integer % $1 + $1) % $1 = $2" \
+	"   AND (e.key IS NULL OR NOT EXISTS (" \
+	"         SELECT 1 FROM outbox.events b" \
+	"         WHERE b.topic = e.topic AND b.key = e.key AND (b.order_lsn, b.id) < (e.order_lsn, e.id)" \
+	"           AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)" \
+	"                OR (b.status = 'pending' AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now()))))" \
+	passed_over \
+	" ORDER BY e.order_lsn, e.id" \
+	" LIMIT $3"
+const char *const kCandidatesSql = OUTBOX_CANDIDATES_SQL("");
+// A claim's next round leaves out the (topic, key)s of the candidates the lock statement could
+// not take: without that, a key with a batch's worth of events behind a row a user holds would
+// fill every claim's candidates and starve the other keys.
+const char *const kCandidatesPassingOverSql = OUTBOX_CANDIDATES_SQL(
+    "   AND (e.key IS NULL OR NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) AS s(topic, key)"
+    "                                     WHERE s.topic = e.topic AND s.key = e.key))");
+#undef OUTBOX_CANDIDATES_SQL
+
+const char *const kLockSql = R"SQL(
+SELECT e.id, e.event_id::text, e.topic, e.key, e.payload,
+       CASE WHEN jsonb_typeof(e.headers) = 'object'
+            THEN ARRAY(SELECT h.key FROM jsonb_each_text(e.headers) h ORDER BY h.key) END,
+       CASE WHEN jsonb_typeof(e.headers) = 'object'
+            THEN ARRAY(SELECT h.value FROM jsonb_each_text(e.headers) h ORDER BY h.key) END,
+       e.headers IS NOT NULL AND jsonb_typeof(e.headers) <> 'object',
+       e.status = 'pending'
+FROM outbox.events e
+WHERE e.ctid = ANY ($1::tid[])
+FOR UPDATE OF e SKIP LOCKED
 )SQL";
+// (The last column, not the WHERE clause, says whether the row is still pending: with a status
+// condition the planner may read the partial pending index whole instead of fetching the ctids.)
 // (Headers that are not an object never reach jsonb_each_text, which would fail the whole claim:
 // the last column flags them, and the row is quarantined.)
 
-// Record: one statement for the whole batch. Only rows still in_flight are touched.
+// Record: one statement for the batch's rows that changed (a requeued event is left as it is),
+// in the claim's transaction: the rows are still pending and locked by it.
 const char *const kRecordSql = R"SQL(
 WITH o AS (
 	SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[])
@@ -105,10 +90,11 @@ WITH o AS (
 		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
 		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
 		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0::float8)
-		    WHEN 'x' THEN now()
+		    WHEN 'p' THEN NULL
+		    WHEN 'x' THEN NULL
 		    ELSE e.next_attempt_at END
 	FROM o
-	WHERE e.id = o.id AND e.status = 'in_flight'
+	WHERE e.id = o.id AND e.status = 'pending'
 	RETURNING e.event_id, e.topic, e.key, e.status, e.attempts, e.last_error
 )
 SELECT event_id::text, topic, key, attempts, last_error FROM updated WHERE status = 'failed'
@@ -118,27 +104,35 @@ SELECT event_id::text, topic, key, attempts, last_error FROM updated WHERE statu
 
 // Lanes are taken modulo the worker count with a non-negative result everywhere: a lane outside
 // 0..1023 (possible only with the table's checks dropped) still belongs to exactly one worker.
-// Orphans: this worker's lanes' rows left in_flight by a crash, an ERROR, or a hand-written row.
-// Run before every claim, in the claim's transaction (events_in_flight_idx keeps it off the
-// retained history). The claim then sees them pending: SPI takes a new snapshot per statement.
-const char *const kRequeueSql =
-    "UPDATE outbox.events SET status = 'pending' WHERE status = 'in_flight' AND (lane::integer % $1 + $1) % $1 = $2";
+// Rows left in_flight (by a 0.1.0 relay, or written by hand) in this worker's lanes: nothing puts
+// a row in flight any more, so they are orphans. Run before every claim, in the claim's
+// transaction (events_in_flight_idx keeps it to an empty index probe). The claim then sees them
+// pending: SPI takes a new snapshot per statement.
+// Rows a user's session holds are left for a later claim (the claim's gate keeps the rest of
+// their (topic, key) behind them): no relay statement waits for a row lock.
+const char *const kRequeueSql = R"SQL(
+UPDATE outbox.events e SET status = 'pending'
+WHERE e.id IN (SELECT o.id FROM outbox.events o
+               WHERE o.status = 'in_flight' AND (o.lane::integer % $1 + $1) % $1 = $2
+               FOR UPDATE OF o SKIP LOCKED)
+)SQL";
 
-// Rows waiting for a retry are the pending ones in events_blocking_key_idx (next_attempt_at past
-// created_at); the wait is capped so that no timestamp, however far, can overflow it.
+// Rows waiting for a retry are the pending ones with a next_attempt_at (events_waiting_idx); the
+// wait is capped so that no timestamp, however far, can overflow it.
 const char *const kNextRetrySql =
     "SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)"
     "::bigint FROM outbox.events "
-    "WHERE status = 'pending' AND next_attempt_at > created_at AND next_attempt_at > now() "
+    "WHERE status = 'pending' AND next_attempt_at IS NOT NULL AND next_attempt_at > now() "
     "AND (lane::integer % $1 + $1) % $1 = $2";
 
 // Retention, by the relay itself: it calls no function that a database user could have put in
-// the function's place.
+// the function's place. Rows a user's session holds are left for a later round.
 const char *const kPurgeSql = R"SQL(
 DELETE FROM outbox.events e
 WHERE e.id IN (SELECT p.id FROM outbox.events p
                WHERE p.status = 'published' AND p.published_at < now() - make_interval(secs => $1::float8)
-               ORDER BY p.published_at LIMIT $2)
+               ORDER BY p.published_at LIMIT $2
+               FOR UPDATE OF p SKIP LOCKED)
 )SQL";
 
 struct Statement {
@@ -149,13 +143,13 @@ struct Statement {
 	SPIPlanPtr plan;
 };
 
-Statement claim_stmt = {kClaimSql, 5, {INT4OID, INT4OID, INT4OID, BOOLOID, INT8OID}, 0, nullptr};
+Statement candidates_stmt = {kCandidatesSql, 4, {INT4OID, INT4OID, INT4OID, BOOLOID}, 0, nullptr};
+Statement candidates_passing_over_stmt = {
+    kCandidatesPassingOverSql, 6, {INT4OID, INT4OID, INT4OID, BOOLOID, TEXTARRAYOID, TEXTARRAYOID}, 0, nullptr};
+Statement lock_stmt = {kLockSql, 1, {TIDARRAYOID}, 0, nullptr};
 // The record statement always runs its generic plan: an index probe per recorded row, right at
-// any batch size. A custom plan sees the real batch and statistics in which almost no row is
-// in_flight (rows are, only for a moment): from about 2,000 rows on it chose a sequential scan
-// of the whole table (87 ms instead of 4), and the plan cache kept it. (The claim keeps the
-// plan cache's choice: its generic plan, made without knowing the LIMIT, can be far worse on a
-// small table.)
+// any batch size (a custom plan of a large batch once chose a sequential scan of the whole
+// table, and the plan cache kept it).
 Statement record_stmt = {
     kRecordSql, 9,
     {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
@@ -260,6 +254,27 @@ RelayRole(Oid nsp, Oid rel) {
 	return role;
 }
 
+// The installed extension's version, palloc'd, or nullptr. (pg_extension has no syscache before
+// PostgreSQL 16: one index probe.)
+char *
+ExtensionVersion(Oid ext) {
+	Relation rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyData key;
+	ScanKeyInit(&key, Anum_pg_extension_oid, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(ext));
+	SysScanDesc scan = systable_beginscan(rel, ExtensionOidIndexId, true, nullptr, 1, &key);
+	HeapTuple tuple = systable_getnext(scan);
+	char *version = nullptr;
+	bool isnull = true;
+	Datum d = HeapTupleIsValid(tuple) ? heap_getattr(tuple, Anum_pg_extension_extversion, RelationGetDescr(rel), &isnull)
+	                                  : Datum(0);
+	if (!isnull) {
+		version = TextDatumGetCString(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
 TableState
 AbandonStep(TableState state) {
 	PopActiveSnapshot();
@@ -304,6 +319,17 @@ BeginStep(const char *activity) {
 		MemoryContext old = MemoryContextSwitchTo(step_caller_context);
 		step_problem = "schema outbox or table outbox.events is not the extension's own (created by a user?); the "
 		               "relay does not touch it";
+		MemoryContextSwitchTo(old);
+		return AbandonStep(TableState::Refused);
+	}
+	// A library newer than the schema (after a package upgrade, before ALTER EXTENSION UPDATE):
+	// the statements below are written for this library's schema only.
+	char *version = ExtensionVersion(ext);
+	if (version == nullptr || strcmp(version, OUTBOX_SCHEMA_VERSION) != 0) {
+		MemoryContext old = MemoryContextSwitchTo(step_caller_context);
+		step_problem = psprintf("extension outbox is at version %s, this library publishes from version %s: run "
+		                        "ALTER EXTENSION outbox UPDATE",
+		                        version ? version : "(unknown)", OUTBOX_SCHEMA_VERSION);
 		MemoryContextSwitchTo(old);
 		return AbandonStep(TableState::Refused);
 	}
@@ -593,8 +619,108 @@ LastStepProblem() {
 	return step_problem;
 }
 
+namespace {
+
+bool claim_open = false; // a claimed batch's transaction is open, waiting for RecordOutcomes
+constexpr int kMaxClaimRounds = 4;
+constexpr int kMaxPassedOverKeys = 1000;
+
+// Nothing is published before the commits of the transactions that wrote it are durable: an
+// enqueue made with synchronous_commit = off is visible before its commit record is flushed, and
+// a crash could undo it after its event was published. Every commit the claim saw is in the WAL
+// below the current insert position: flush up to there (a no-op when it already is) and, like a
+// commit, wait for the synchronous standbys.
+void
+FlushBeforePublish() {
+	XLogRecPtr upto = GetXLogInsertRecPtr();
+	XLogFlush(upto);
+	SyncRepWaitForLSN(upto, false);
+}
+
+int
+CompareIds(const void *a, const void *b) {
+	int64 x = *static_cast<const int64 *>(a), y = *static_cast<const int64 *>(b);
+	return x < y ? -1 : x > y;
+}
+
+// Picks the batch from the candidates (SPI result `candidates`, in order) and the rows the lock
+// statement returned (`locked`): every locked candidate, in candidate order, except those behind
+// a candidate of their (topic, key) that was not locked.
+// (topic, key)s a claim passes over: their first candidate was not locked.
+struct PassedOver {
+	int n;
+	int capacity;
+	Datum *topics; // text, palloc'd in the claim's transaction
+	Datum *keys;
+};
+
+void
+TakeLockedInOrder(SPITupleTable *candidates, int n_candidates, SPITupleTable *locked, int n_locked,
+                  MemoryContext into, Batch *batch, PassedOver *passed_over) {
+	int64 *locked_ids = static_cast<int64 *>(palloc(sizeof(int64) * (n_locked > 0 ? n_locked : 1)));
+	int *locked_row = static_cast<int *>(palloc(sizeof(int) * (n_locked > 0 ? n_locked : 1)));
+	bool isnull;
+	for (int j = 0; j < n_locked; j++) {
+		locked_ids[j] = DatumGetInt64(SPI_getbinval(locked->vals[j], locked->tupdesc, 1, &isnull));
+	}
+	// Sorted ids, and for each the row it came from (found again by binary search).
+	int64 *sorted = static_cast<int64 *>(palloc(sizeof(int64) * (n_locked > 0 ? n_locked : 1)));
+	memcpy(sorted, locked_ids, sizeof(int64) * n_locked);
+	qsort(sorted, n_locked, sizeof(int64), CompareIds);
+	for (int j = 0; j < n_locked; j++) {
+		int64 *at = static_cast<int64 *>(bsearch(&locked_ids[j], sorted, n_locked, sizeof(int64), CompareIds));
+		locked_row[at - sorted] = j;
+	}
+	// (topic, key) of candidates that were not locked: usually none.
+	char **stopped_topics = static_cast<char **>(palloc(sizeof(char *) * (n_candidates > 0 ? n_candidates : 1)));
+	char **stopped_keys = static_cast<char **>(palloc(sizeof(char *) * (n_candidates > 0 ? n_candidates : 1)));
+	int n_stopped = 0;
+
+	MemoryContext old = MemoryContextSwitchTo(into);
+	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * (n_locked > 0 ? n_locked : 1)));
+	MemoryContextSwitchTo(old);
+	int n = 0;
+	for (int i = 0; i < n_candidates; i++) {
+		HeapTuple tuple = candidates->vals[i];
+		int64 id = DatumGetInt64(SPI_getbinval(tuple, candidates->tupdesc, 2, &isnull));
+		int64 *at = static_cast<int64 *>(bsearch(&id, sorted, n_locked, sizeof(int64), CompareIds));
+		// A row no longer pending (changed since it was a candidate) counts as not locked.
+		if (at != nullptr &&
+		    !DatumGetBool(SPI_getbinval(locked->vals[locked_row[at - sorted]], locked->tupdesc, 9, &isnull))) {
+			at = nullptr;
+		}
+		bool behind = false;
+		char *topic = nullptr, *key = nullptr;
+		if (n_stopped > 0 || at == nullptr) {
+			topic = SPI_getvalue(tuple, candidates->tupdesc, 3);
+			key = SPI_getvalue(tuple, candidates->tupdesc, 4);
+			for (int k = 0; k < n_stopped && !behind; k++) {
+				behind = SameTopicAndKey(topic, key, stopped_topics[k], stopped_keys[k]);
+			}
+		}
+		if (at == nullptr || behind) {
+			if (key && !behind) {
+				stopped_topics[n_stopped] = topic;
+				stopped_keys[n_stopped++] = key;
+				if (passed_over->n < passed_over->capacity) {
+					passed_over->topics[passed_over->n] = CStringGetTextDatum(topic);
+					passed_over->keys[passed_over->n++] = CStringGetTextDatum(key);
+				}
+			}
+			continue;
+		}
+		old = MemoryContextSwitchTo(into);
+		CopyClaimedRow(locked->vals[locked_row[at - sorted]], locked->tupdesc, batch->events[n++]);
+		MemoryContextSwitchTo(old);
+	}
+	batch->n = n;
+}
+
+} // namespace
+
 TableState
 ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued) {
+	claim_open = false; // an ERROR ended the last one
 	batch->n = 0;
 	batch->events = nullptr;
 	*requeued = 0;
@@ -602,77 +728,130 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	if (state != TableState::Ready) {
 		return state;
 	}
-	// This worker has nothing in flight between batches: any in_flight row of its lanes is an
-	// orphan and goes back to pending before the claim, so no later row of its key can be
-	// claimed ahead of it.
 	Datum lane_values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
 	Execute("requeue", requeue_stmt, lane_values, nullptr, SPI_OK_UPDATE);
 	*requeued = int64(SPI_processed);
 
-	Datum values[5] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker), Int32GetDatum(settings.batch_size),
-	                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
-	                   Int64GetDatum(settings.batch_max_bytes)};
-	Execute("claim", claim_stmt, values, nullptr, SPI_OK_SELECT);
-
-	MemoryContext old = MemoryContextSwitchTo(into);
-	int n = int(SPI_processed);
-	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * (n > 0 ? n : 1)));
-	for (int i = 0; i < n; i++) {
-		CopyClaimedRow(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, batch->events[i]);
+	PassedOver passed_over{0, kMaxPassedOverKeys, static_cast<Datum *>(palloc(sizeof(Datum) * kMaxPassedOverKeys)),
+	                       static_cast<Datum *>(palloc(sizeof(Datum) * kMaxPassedOverKeys))};
+	// Rounds: a round that passes over a (topic, key) not left out yet is followed by one that
+	// leaves it out, from the start again (rows this transaction locked already are locked again
+	// at no cost). Usually there is one round.
+	for (int round = 0;; round++) {
+		int passed_before = passed_over.n;
+		Datum values[6] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker),
+		                   Int32GetDatum(settings.batch_size),
+		                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
+		                   passed_before > 0 ? ArrayOf(passed_over.topics, passed_before, TEXTOID) : Datum(0),
+		                   passed_before > 0 ? ArrayOf(passed_over.keys, passed_before, TEXTOID) : Datum(0)};
+		Execute("claim", passed_before > 0 ? candidates_passing_over_stmt : candidates_stmt, values, nullptr,
+		        SPI_OK_SELECT);
+		SPITupleTable *candidates = SPI_tuptable;
+		int n_candidates = int(SPI_processed);
+		// The byte budget over payload, key and headers (the first row always fits), so memory
+		// stays bounded whatever part of the events is large.
+		int64 bytes = 0;
+		int n_fit = 0;
+		Datum *tids = static_cast<Datum *>(palloc(sizeof(Datum) * (n_candidates > 0 ? n_candidates : 1)));
+		bool isnull;
+		while (n_fit < n_candidates && bytes < settings.batch_max_bytes) {
+			HeapTuple tuple = candidates->vals[n_fit];
+			tids[n_fit] = SPI_getbinval(tuple, candidates->tupdesc, 1, &isnull);
+			bytes += DatumGetInt64(SPI_getbinval(tuple, candidates->tupdesc, 5, &isnull));
+			n_fit++;
+		}
+		if (n_fit == 0) {
+			break;
+		}
+		Datum lock_values[1] = {ArrayOf(tids, n_fit, TIDOID)};
+		Execute("lock", lock_stmt, lock_values, nullptr, SPI_OK_SELECT);
+		// (An earlier round's batch stays in `into` until the worker's iteration ends.)
+		TakeLockedInOrder(candidates, n_fit, SPI_tuptable, int(SPI_processed), into, batch, &passed_over);
+		if (passed_over.n == passed_before || round + 1 >= kMaxClaimRounds) {
+			break;
+		}
 	}
-	batch->n = n;
-	MemoryContextSwitchTo(old);
-	EndStep();
+	if (batch->n == 0) {
+		EndStep();
+		return TableState::Ready;
+	}
+	FlushBeforePublish();
+	// The transaction stays open, holding the rows' locks, until RecordOutcomes. No snapshot is
+	// kept meanwhile: only the transaction's id holds back the xmin horizon, for one publish.
+	SPI_finish();
+	PopActiveSnapshot();
+	MemoryContextSwitchTo(step_caller_context);
+	debug_query_string = nullptr;
+	claim_open = true;
 	return TableState::Ready;
 }
 
 int
 RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
                const char *const *errors, long defer_ms) {
-	if (BeginStep("outbox relay: record") != TableState::Ready) {
-		return -1; // DDL holds the table, or it is gone: the caller requeues later
+	Assert(claim_open);
+	claim_open = false;
+	step_caller_context = CurrentMemoryContext;
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: record");
+	debug_query_string = "outbox relay: record";
+	SetCurrentStatementStartTimestamp();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox relay: SPI_connect failed");
 	}
-	int n = batch.n;
-	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-	Datum *kinds = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-	Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-	Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-	Datum *error_texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-	bool *error_nulls = static_cast<bool *>(palloc(sizeof(bool) * n));
-	for (int i = 0; i < n; i++) {
-		char kind[2] = {char(outcomes[i]), '\0'};
-		ids[i] = Int64GetDatum(batch.events[i].id);
-		kinds[i] = CStringGetTextDatum(kind);
-		partitions[i] = Int32GetDatum(deliveries[i].partition);
-		offsets[i] = Int64GetDatum(deliveries[i].offset);
-		error_nulls[i] = errors[i] == nullptr;
-		error_texts[i] = errors[i] ? CStringGetTextDatum(errors[i]) : Datum(0);
+	// Requeued events stay as they are: pending, their lock released by the commit.
+	int n = 0;
+	for (int i = 0; i < batch.n; i++) {
+		n += outcomes[i] != Outcome::Requeued;
 	}
-	int dims[1] = {n};
-	int lbs[1] = {1};
-	Datum error_array = PointerGetDatum(
-	    construct_md_array(error_texts, error_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
-	Datum values[9] = {ArrayOf(ids, n, INT8OID),
-	                   ArrayOf(kinds, n, TEXTOID),
-	                   ArrayOf(partitions, n, INT4OID),
-	                   ArrayOf(offsets, n, INT8OID),
-	                   error_array,
-	                   Int32GetDatum(settings.max_attempts),
-	                   Int32GetDatum(settings.backoff_base_ms),
-	                   Int32GetDatum(settings.backoff_max_ms),
-	                   Int64GetDatum(int64(defer_ms))};
-	Execute("record", record_stmt, values, nullptr, SPI_OK_SELECT);
+	int failed = 0;
+	if (n > 0) {
+		Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+		Datum *kinds = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+		Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+		Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+		Datum *error_texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+		bool *error_nulls = static_cast<bool *>(palloc(sizeof(bool) * n));
+		int k = 0;
+		for (int i = 0; i < batch.n; i++) {
+			if (outcomes[i] == Outcome::Requeued) {
+				continue;
+			}
+			char kind[2] = {char(outcomes[i]), '\0'};
+			ids[k] = Int64GetDatum(batch.events[i].id);
+			kinds[k] = CStringGetTextDatum(kind);
+			partitions[k] = Int32GetDatum(deliveries[i].partition);
+			offsets[k] = Int64GetDatum(deliveries[i].offset);
+			error_nulls[k] = errors[i] == nullptr;
+			error_texts[k] = errors[i] ? CStringGetTextDatum(errors[i]) : Datum(0);
+			k++;
+		}
+		int dims[1] = {n};
+		int lbs[1] = {1};
+		Datum error_array = PointerGetDatum(
+		    construct_md_array(error_texts, error_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
+		Datum values[9] = {ArrayOf(ids, n, INT8OID),
+		                   ArrayOf(kinds, n, TEXTOID),
+		                   ArrayOf(partitions, n, INT4OID),
+		                   ArrayOf(offsets, n, INT8OID),
+		                   error_array,
+		                   Int32GetDatum(settings.max_attempts),
+		                   Int32GetDatum(settings.backoff_base_ms),
+		                   Int32GetDatum(settings.backoff_max_ms),
+		                   Int64GetDatum(int64(defer_ms))};
+		Execute("record", record_stmt, values, nullptr, SPI_OK_SELECT);
 
-	int failed = int(SPI_processed);
-	for (int i = 0; i < failed; i++) {
-		HeapTuple tuple = SPI_tuptable->vals[i];
-		TupleDesc desc = SPI_tuptable->tupdesc;
-		// Logged once: the row leaves the relay's hands here.
-		// Not the key: it is the caller's data, of any size and bytes; the event id finds the row.
-		ereport(LOG, (errmsg("outbox relay: event %s (topic %s) moved to failed after %s attempts: %s",
-		                     SPI_getvalue(tuple, desc, 1), SPI_getvalue(tuple, desc, 2), SPI_getvalue(tuple, desc, 4),
-		                     SPI_getvalue(tuple, desc, 5)),
-		              errhint("It is in outbox.failed; fix the cause, then SELECT outbox.retry(event_id).")));
+		failed = int(SPI_processed);
+		for (int i = 0; i < failed; i++) {
+			HeapTuple tuple = SPI_tuptable->vals[i];
+			TupleDesc desc = SPI_tuptable->tupdesc;
+			// Logged once: the row leaves the relay's hands here.
+			// Not the key: it is the caller's data, of any size and bytes; the event id finds the row.
+			ereport(LOG, (errmsg("outbox relay: event %s (topic %s) moved to failed after %s attempts: %s",
+			                     SPI_getvalue(tuple, desc, 1), SPI_getvalue(tuple, desc, 2),
+			                     SPI_getvalue(tuple, desc, 4), SPI_getvalue(tuple, desc, 5)),
+			              errhint("It is in outbox.failed; fix the cause, then SELECT outbox.retry(event_id).")));
+		}
 	}
 	EndStep();
 	return failed;

@@ -1,5 +1,5 @@
-// The relay's statements against outbox.events, each in a short transaction of its own, over SPI
-// with plans prepared once. Plain C-style code: results are copied into palloc'd memory of the
+// The relay's statements against outbox.events, over SPI with plans prepared once: a batch's
+// claim and record share one transaction, the other steps have a short one each. Plain C-style code: results are copied into palloc'd memory of the
 // caller's context; nothing here owns a C++ object.
 #pragma once
 
@@ -22,6 +22,18 @@ struct ClaimedEvent {
 	// that are not UTF-8, a topic not allowed): it goes to failed with this reason.
 	const char *quarantine;
 };
+
+// The order scope: two keyed events of one topic and key (Kafka's own unit: a key on two topics
+// lands on two partitions, which no consumer reads in a defined relative order).
+inline bool
+SameTopicAndKey(const char *topic_a, const char *key_a, const char *topic_b, const char *key_b) {
+	return key_a && key_b && strcmp(key_a, key_b) == 0 && strcmp(topic_a, topic_b) == 0;
+}
+
+inline bool
+SameOrderScope(const ClaimedEvent &a, const ClaimedEvent &b) {
+	return SameTopicAndKey(a.topic, a.key, b.topic, b.key);
+}
 
 struct Batch {
 	int n;
@@ -59,13 +71,15 @@ struct LaneSet {
 	int n_workers;
 };
 
-// First puts this worker's orphaned in_flight rows back to pending (*requeued counts them), then
-// returns the claimed batch (possibly empty) in `into`; the result says why nothing was claimed.
+// First puts orphaned in_flight rows of this worker's lanes back to pending (*requeued counts
+// them), then returns the claimed batch (possibly empty) in `into`; the result says why nothing
+// was claimed. With a non-empty batch the claim's transaction stays open, holding the rows'
+// locks, and the caller must call RecordOutcomes (an ERROR meanwhile aborts it: the rows stay
+// pending, unlocked).
 TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued);
 
-// Records every outcome in one statement. Returns how many events moved to failed (their ids
-// and errors are logged once here), or -1 when the table was busy or gone (nothing recorded:
-// the rows stay in_flight until the next claim requeues them).
+// Records every outcome but Requeued in one statement of the claim's transaction and commits it.
+// Returns how many events moved to failed (their ids and errors are logged once here).
 int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
                    const char *const *errors, long defer_ms);
 

@@ -3,8 +3,8 @@
 // This file calls Postgres everywhere and so holds no C++ object with a destructor on its stack:
 // state that outlives a step is static plain data or palloc'd memory, and the Kafka producer is
 // an opaque pointer behind noexcept functions (kafka_producer.hpp). An ERROR anywhere in the loop
-// lands in the recovery block in RelayMain, which aborts the transaction, puts this worker's
-// in-flight rows back to pending and carries on after a pause: no crash loop.
+// lands in the recovery block in RelayMain, which aborts the transaction (a claimed batch's rows
+// stay pending, their locks released) and carries on after a pause: no crash loop.
 #include "worker.hpp"
 
 #include <csignal>
@@ -36,6 +36,7 @@ constexpr long kMinPurgeIntervalMs = 1000;
 constexpr int kMaxPurgeBatchesPerRound = 100;
 constexpr long kRepeatLogLineMs = 60000;
 constexpr int kTopicMetadataBudgetMs = 2000; // per batch, all its new topics together
+constexpr int kBrokerProbeBudgetMs = 2000;    // asking a broker that was down whether it is back
 // A broker refusing a record batch refuses all of its events: when several events of one
 // partition got such an error, each is sent again alone (DESIGN.md "Failures"), at most this many
 // per batch; the rest go back to pending without an attempt.
@@ -159,7 +160,7 @@ PinSessionSettings() {
 	snprintf(statement_timeout, sizeof(statement_timeout), "%d", settings.statement_timeout_ms);
 	const char *const pins[][2] = {
 	    {"search_path", search_path},
-	    // Claim skips locked rows; record and requeue wait for no one for long (a session holding
+	    // Claim skips locked rows; requeue and purge wait for no one for long (a session holding
 	    // outbox rows gets an ERROR in the log and the relay carries on, not a silent stall).
 	    {"lock_timeout", lock_timeout},
 	    {"statement_timeout", statement_timeout},
@@ -172,12 +173,14 @@ PinSessionSettings() {
 	    // The claim's generic plan is costed high on a large backlog, which would make LLVM JIT
 	    // compile it on every execution: measured, that made the claim 6 times slower.
 	    {"jit", "off"},
-	    // The claim's synchronous commit is the durability barrier for what it publishes: it
-	    // flushes the WAL up to its own commit record (and waits for synchronous standbys),
-	    // which covers the commit of every enqueue the claim saw, even one made with
-	    // synchronous_commit = off. An asynchronous claim could publish an event whose business
-	    // transaction a crash then undoes.
+	    // The record's commit is durable before the next batch goes out; the claim's own barrier
+	    // for what it publishes is relay_sql.cpp's FlushBeforePublish.
 	    {"synchronous_commit", "on"},
+	    // Every relay statement is written for an index walk. Without statistics (a burst into a
+	    // table not analyzed yet) the planner could otherwise pick a full scan and a sort of the
+	    // whole backlog for the claim; these keep the plan the same at 10 rows and at 10 million.
+	    {"enable_seqscan", "off"},
+	    {"enable_sort", "off"},
 	    // The record statement is prepared for its generic plan (relay_sql.cpp); a server-wide
 	    // plan_cache_mode would override that choice.
 	    {"plan_cache_mode", "auto"},
@@ -332,7 +335,7 @@ MaybeCrashAfterAck(const Batch &, const Outcome *) {
 
 // Waits, bounded, for the reports of everything the producer holds: on the latch, postmaster
 // death and librdkafka's wake pipe. SIGTERM shortens the wait to kShutdownGraceMs; a cancel is
-// served here (an ERROR: the recovery block requeues the batch). False when reports are missing.
+// served here (an ERROR: the abort leaves the batch pending). False when reports are missing.
 bool
 AwaitReports(long max_wait_ms) {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), max_wait_ms);
@@ -381,23 +384,20 @@ SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *d
 		topics[j] = batch.events[indices[j]].topic;
 	}
 	kafka::PrepareTopics(producer, topics, count, kTopicMetadataBudgetMs);
-	const char **stopped_keys = static_cast<const char **>(palloc0(sizeof(char *) * count));
+	const ClaimedEvent **stopped = static_cast<const ClaimedEvent **>(palloc0(sizeof(ClaimedEvent *) * count));
 	int n_stopped = 0;
 	for (int j = 0; j < count && !StopRequested(); j++) {
 		const ClaimedEvent &e = batch.events[indices[j]];
 		bool behind_refused = false;
-		for (int k = 0; e.key && k < n_stopped; k++) {
-			if (strcmp(stopped_keys[k], e.key) == 0) {
-				behind_refused = true;
-				break;
-			}
+		for (int k = 0; e.key && k < n_stopped && !behind_refused; k++) {
+			behind_refused = SameOrderScope(*stopped[k], e);
 		}
 		if (behind_refused) {
 			continue;
 		}
 		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
 		if (kafka::Produce(producer, j, m) != 0 && e.key) {
-			stopped_keys[n_stopped++] = e.key;
+			stopped[n_stopped++] = &e;
 		}
 	}
 	kafka::SendBatch(producer, kSendWaitMs);
@@ -446,9 +446,8 @@ RefusedWithItsBatch(const kafka::Delivery &d) {
 // would let it overtake that one.
 bool
 BehindUnpublished(const Batch &batch, const Outcome *outcomes, int i) {
-	const char *key = batch.events[i].key;
-	for (int j = 0; key && j < i; j++) {
-		if (outcomes[j] != Outcome::Published && batch.events[j].key && strcmp(batch.events[j].key, key) == 0) {
+	for (int j = 0; batch.events[i].key && j < i; j++) {
+		if (outcomes[j] != Outcome::Published && SameOrderScope(batch.events[j], batch.events[i])) {
 			return true;
 		}
 	}
@@ -543,22 +542,22 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	// either (they would overtake a row that is about to be failed): those go back untouched.
 	int *to_send = static_cast<int *>(palloc(sizeof(int) * n));
 	int n_send = 0;
-	const char **quarantined_keys = static_cast<const char **>(palloc0(sizeof(char *) * n));
-	int n_quarantined_keys = 0;
+	const ClaimedEvent **quarantined = static_cast<const ClaimedEvent **>(palloc0(sizeof(ClaimedEvent *) * n));
+	int n_quarantined = 0;
 	for (int i = 0; i < n; i++) {
 		const ClaimedEvent &e = batch.events[i];
 		deliveries[i] = kafka::Delivery{};
 		errors[i] = nullptr;
 		outcomes[i] = Outcome::Requeued;
 		bool behind_quarantined = false;
-		for (int k = 0; e.key && k < n_quarantined_keys; k++) {
-			behind_quarantined |= strcmp(quarantined_keys[k], e.key) == 0;
+		for (int k = 0; e.key && k < n_quarantined && !behind_quarantined; k++) {
+			behind_quarantined = SameOrderScope(*quarantined[k], e);
 		}
 		if (e.quarantine) {
 			outcomes[i] = Outcome::Quarantined;
 			errors[i] = e.quarantine;
 			if (e.key) {
-				quarantined_keys[n_quarantined_keys++] = e.key;
+				quarantined[n_quarantined++] = &e;
 			}
 		} else if (!behind_quarantined) {
 			to_send[n_send++] = i;
@@ -603,22 +602,28 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	for (int i = 0; i < n; i++) {
 		if (outcomes[i] != Outcome::Published && batch.events[i].key) {
 			for (int j = i + 1; j < n; j++) {
-				if (outcomes[j] == Outcome::Published && batch.events[j].key &&
-				    strcmp(batch.events[j].key, batch.events[i].key) == 0) {
-					overtaken++;
-				}
+				overtaken += outcomes[j] == Outcome::Published && SameOrderScope(batch.events[i], batch.events[j]);
 			}
 		}
 	}
 	if (overtaken > 0) {
-		ereport(WARNING, (errmsg("outbox relay %d: %d events were appended after an earlier event of their key "
-		                         "that was not",
+		ereport(WARNING, (errmsg("outbox relay %d: %d events were appended after an earlier event of their topic "
+		                         "and key that was not",
 		                         worker_index, overtaken),
 		                  errdetail("The earlier events will follow them on the partition.")));
 	}
 	// Late reports, or a producer that can no longer keep its guarantees: start afresh so nothing
 	// from this batch can still be appended behind the resent events.
 	DropProducerIfBroken(reports_missing);
+}
+
+// Broker-wide trouble: back off the whole worker; no event used up an attempt.
+void
+NoteBrokerTrouble(const char *why) {
+	outage_steps++;
+	long delay = BackoffMs(outage_steps);
+	backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
+	LogOnce(LOG, psprintf("Kafka unavailable (%s); retrying in %ld ms", why, delay));
 }
 
 void
@@ -631,8 +636,8 @@ RunBatch(const Batch &batch) {
 
 	SetWorkerState(slot, WorkerState::Publishing);
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
-	// From here until RecordOutcomes commits, the rows are in_flight in the table; after an
-	// ERROR the next claim requeues them.
+	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
+	// ERROR aborts it and leaves them pending.
 	Publish(batch, outcomes, deliveries, errors, &broker_trouble);
 	MaybeCrashAfterAck(batch, outcomes);
 
@@ -640,17 +645,8 @@ RunBatch(const Batch &batch) {
 	// Events of a partition that timed out while others were acked wait a few publish timeouts,
 	// so that batches of healthy keys do not keep waiting for them.
 	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
-	if (ShutdownRequestPending) {
-		// Stopping: a lock wait is not interrupted by SIGTERM, so it gets a short bound; what
-		// is not recorded goes back to pending at the next start (at-least-once).
-		SetConfigOption("lock_timeout", "1000", PGC_SUSET, PGC_S_OVERRIDE);
-	}
+	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms);
-	// Not recorded (DDL on the table): the rows stay in_flight until the next claim requeues
-	// them; they are sent again then (at-least-once).
-	if (failed < 0) {
-		failed = 0;
-	}
 
 	uint64 published = 0;
 	const char *first_error = nullptr;
@@ -674,12 +670,7 @@ RunBatch(const Batch &batch) {
 	}
 
 	if (broker_trouble) {
-		// Broker-wide trouble: back off the whole worker; no event used up an attempt.
-		outage_steps++;
-		long delay = BackoffMs(outage_steps);
-		backoff_until = TimestampTzPlusMilliseconds(now, delay);
-		LogOnce(LOG, psprintf("Kafka unavailable (%s); retrying in %ld ms", first_error ? first_error : "unknown",
-		                      delay));
+		NoteBrokerTrouble(first_error ? first_error : "unknown");
 	} else if (published > 0) {
 		outage_steps = 0;
 	}
@@ -747,7 +738,7 @@ RecoverFromError() {
 	FreeErrorData(edata);
 	MemoryContextReset(batch_context);
 	// The Kafka side of a batch cut short is unknown: drop the producer so nothing of it can be
-	// appended after the events are sent again (the next claim requeues them).
+	// appended after the events are sent again (their rows are still pending).
 	if (producer && kafka::Outstanding(producer) > 0) {
 		DestroyProducer();
 	}
@@ -891,6 +882,12 @@ RelayMain(Datum arg) {
 			continue;
 		}
 		MaybePurge();
+		// A claim holds its rows' locks until the batch is recorded: not while the broker is
+		// known to be down (the publish would hold them for outbox.publish_timeout).
+		if (!kafka::BrokerReachable(producer, kBrokerProbeBudgetMs)) {
+			NoteBrokerTrouble("no broker reachable");
+			continue;
+		}
 		SetWorkerState(slot, WorkerState::Claiming);
 		Batch batch{0, nullptr};
 		int64 requeued = 0;

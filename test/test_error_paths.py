@@ -1,7 +1,9 @@
-"""Error paths of the relay loop: every step (claim, requeue, record, next-retry, purge, producer
-creation) made to fail twice in a row, by the test seam (outbox.test_fail_step, TEST_SEAMS=1
-builds) and by real faults (row locks past lock_timeout, statement_timeout, pg_cancel_backend,
-an ACCESS EXCLUSIVE lock, the brokers down), then left to recover.
+"""Error paths of the relay loop: every step (claim, lock, requeue, record, next-retry, purge,
+producer creation) made to fail twice in a row, by the test seam (outbox.test_fail_step,
+TEST_SEAMS=1 builds) and by real faults (a lock wait inside a relay statement ended by
+lock_timeout, statement_timeout or pg_cancel_backend, a cancel while publishing, an ACCESS
+EXCLUSIVE lock, the brokers down), then left to recover; and rows held by a user's session,
+which the relay passes over without waiting.
 
 After each fault every case checks the same things (assert_recovered): nothing lost, per-key order
 of first deliveries kept, duplicates only for what was in flight at a fault (at-least-once),
@@ -14,6 +16,7 @@ import psycopg
 import pytest
 
 from harness.kafka_reader import check_delivery, read_topic
+from harness.record_wait import drop_record_wait, make_record_wait
 from harness.wait import wait_until
 
 TOPIC = "orders"  # 8 partitions in the conftest mock cluster
@@ -98,16 +101,6 @@ def warm_up(pg):
     return expected
 
 
-def hold_in_flight_rows(pg):
-    """A user session holding FOR UPDATE on the rows the relay has in flight (wait for some)."""
-    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") > 0, 30,
-               "a batch in flight")
-    holder = pg.connect(autocommit=False)
-    locked = holder.execute("SELECT id FROM outbox.events WHERE status = 'in_flight' FOR UPDATE").fetchall()
-    assert locked, "the batch left in_flight before the lock was taken"
-    return holder
-
-
 def fast_stop(pg):
     """pg_ctl stop -m fast must finish within pg_ctl's own deadline (it fails otherwise)."""
     res = subprocess.run(["pg_ctl", "-D", pg.datadir, "-m", "fast", "-w", "-t", "30", "stop"],
@@ -168,6 +161,7 @@ def assert_recovered(pg, mock_cluster, expected, pid, max_duplicates, max_duplic
 # Only a failed record step leaves acked events to be sent again: the batch out, once per failure.
 SEAM_STEPS = {
     "claim": (0, 0),
+    "lock": (0, 0),
     "requeue": (0, 0),
     "record": (2 * BATCH, BATCH),
     "next_retry": (0, 0),
@@ -235,9 +229,9 @@ def test_purge_fails_then_recovers(mock_cluster, make_relay):
 
 # --- real faults -----------------------------------------------------------------------------
 
-# fault -> (settings of the relay, ERROR text). A session holds the in-flight rows FOR UPDATE
-# (the brokers are down, so the batch is out long enough to take them): the record step, then the
-# requeue of each next claim, wait on the row locks until the fault ends the wait.
+# fault -> (settings of the relay, ERROR text). The record statement waits inside a trigger
+# for an advisory lock the test holds (no relay statement waits for a row lock: they skip what
+# others hold); the fault must end the wait, twice, and the batch is sent again each time.
 LOCK_WAIT_FAULTS = {
     "lock_timeout": (dict(lock_timeout="300ms"), "canceling statement due to lock timeout"),
     # outbox.statement_timeout tiny for a moment, lock_timeout far longer: the statement timeout
@@ -248,74 +242,119 @@ LOCK_WAIT_FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(LOCK_WAIT_FAULTS))
-def test_row_lock_wait_of_record_and_requeue_ended_twice_by(mock_cluster, make_relay, fault):
+def test_lock_wait_inside_the_record_ended_twice_by(mock_cluster, make_relay, fault):
     settings, error = LOCK_WAIT_FAULTS[fault]
     pg, pid = start_relay(make_relay, mock_cluster, **settings)
     expected = warm_up(pg)
-    brokers(mock_cluster, up=False)
     if fault == "statement_timeout":
         # Set while the worker is idle: a reload is read between steps, never inside a lock wait.
         pg.set(statement_timeout="200ms")
+    holder = make_record_wait(pg)
     offset = len(pg.log())
     expected = merge(expected, enqueue_committed(pg, ROUND, "at the fault"))
-    holder = hold_in_flight_rows(pg)
     try:
         for n in (1, 2):
             if fault == "cancel":
                 wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,))
-                           == "Lock", 30, f"worker waiting on the row locks (cancel {n})")
+                           == "Lock", 30, f"worker waiting on the lock (cancel {n})")
                 assert pg.value("SELECT pg_cancel_backend(%s)", (pid,))
             # Long before a 60 s lock_timeout.
             wait_errors(pg, error, n, offset, timeout=20)
-        # The first wait ended is the record step's, the next the requeue's (the claim step's
-        # first statement).
-        log = log_since(pg, offset)
-        assert "STATEMENT:  outbox relay: record" in log and "STATEMENT:  outbox relay: claim" in log
+        assert "STATEMENT:  outbox relay: record" in log_since(pg, offset)
     finally:
         if fault == "statement_timeout":
             pg.set(statement_timeout="60s")
+        drop_record_wait(pg, holder)
+    expected = merge(expected, enqueue_committed(pg, ROUND, "after the faults"))
+    # Each ended record left its batch, already in Kafka, pending: sent again.
+    assert_recovered(pg, mock_cluster, expected, pid, 2 * BATCH, BATCH)
+
+
+def test_rows_held_by_a_user_are_passed_over_without_waiting(mock_cluster, make_relay):
+    # A session holds FOR UPDATE: the first pending event of k0, an in_flight row of k1 (as a
+    # 0.1.0 relay could leave it) and published rows past retention. The relay waits for none of
+    # them: k2 is published and purged, the held keys' later events wait behind the held rows
+    # (per-key order), and no ERROR is logged. Then the session ends and everything goes.
+    pg, pid = start_relay(make_relay, mock_cluster, retention="0")
+    expected = warm_up(pg)
+    expected = merge(expected, enqueue_committed(pg, BATCH, "published, then held"))
+    pg.wait_published(BATCH + 1)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE published_at < now() - interval '1 second'")
+               == BATCH + 1, 10, "published rows past a 1 s retention")
+    # The worker refused (its role missing) while the rows are written and taken.
+    pg.set(relay_role=MISSING_ROLE)
+    wait_until(lambda: worker(pg)["state"] == "misconfigured", 30, "worker refused (role missing)")
+    held_published = [e for ids in expected.values() for e in ids][1:]
+    round_ = enqueue_committed(pg, ROUND, "behind held rows")
+    expected = merge(expected, round_)
+    pg.sql("UPDATE outbox.events SET status = 'in_flight' WHERE event_id = %s::uuid", (round_["k1"][0],))
+    holder = pg.connect(autocommit=False)
+    held = holder.execute("SELECT id FROM outbox.events WHERE event_id::text = ANY(%s) FOR UPDATE",
+                          ([round_["k0"][0], round_["k1"][0]] + held_published,)).fetchall()
+    assert len(held) == 2 + len(held_published)
+    offset = len(pg.log())
+    pg.set(relay_role="outbox_relay", retention="1s")
+    try:
+        def state_of(ids):
+            return dict(pg.sql("SELECT event_id::text, status FROM outbox.events WHERE event_id::text = ANY(%s)",
+                               (ids,)))
+        # k2 published, then purged with the rest of the unheld history.
+        wait_until(lambda: not state_of(round_["k2"]), 60, "k2 published and purged")
+        assert len(state_of(held_published)) == len(held_published), "a held row was deleted"
+        assert set(state_of(round_["k0"]).values()) == {"pending"}, "k0 overtook its held first event"
+        assert set(state_of(round_["k1"][1:]).values()) == {"pending"}, "k1 overtook its held in_flight row"
+        assert pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)) != "Lock"
+        assert "ERROR:" not in log_since(pg, offset)
+    finally:
         holder.rollback()
         holder.close()
-    brokers(mock_cluster, up=True)
-    expected = merge(expected, enqueue_committed(pg, ROUND, "after the faults"))
-    assert_recovered(pg, mock_cluster, expected, pid, 0)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events") == 0, 60, "everything published and purged")
+    assert_delivered(mock_cluster, expected, 0)
+    assert_worker_recovered(pg, pid)
+    assert "ERROR:" not in log_since(pg, offset)
 
 
 def test_cancel_while_publishing_twice_then_recovers(mock_cluster, make_relay):
-    # pg_cancel_backend(worker) while it waits for delivery reports (brokers down): an ERROR in
-    # the publish wait, the producer with messages out is dropped, the next claim requeues.
-    pg, pid = start_relay(make_relay, mock_cluster)
+    # pg_cancel_backend(worker) while it waits for delivery reports (a slow broker): an ERROR in
+    # the publish wait, the producer with messages out is dropped, the abort leaves the batch
+    # pending and unlocked, and the next claim sends it again.
+    pg, pid = start_relay(make_relay, mock_cluster, publish_timeout="60s")
     expected = warm_up(pg)
-    brokers(mock_cluster, up=False)
+    mock_cluster.rtt("all", 20000)
     offset = len(pg.log())
     expected = merge(expected, enqueue_committed(pg, ROUND, "at the fault"))
-    for n in (1, 2):
-        wait_until(lambda: worker(pg)["state"] == "publishing", 30, f"worker publishing (cancel {n})")
-        assert pg.value("SELECT pg_cancel_backend(%s)", (pid,))
-        wait_errors(pg, "canceling statement due to user request", n, offset)
-    brokers(mock_cluster, up=True)
+    try:
+        for n in (1, 2):
+            wait_until(lambda: worker(pg)["state"] == "publishing", 30, f"worker publishing (cancel {n})")
+            assert pg.value("SELECT pg_cancel_backend(%s)", (pid,))
+            wait_errors(pg, "canceling statement due to user request", n, offset)
+        assert pg.value("SELECT count(*) FROM outbox.events WHERE status <> 'pending'") == 1  # the warm-up
+    finally:
+        mock_cluster.rtt("all", 0)
     expected = merge(expected, enqueue_committed(pg, ROUND, "after the faults"))
-    # The brokers were down before the batch was claimed: nothing of it can have been appended.
-    assert_recovered(pg, mock_cluster, expected, pid, 0)
+    # A cancelled batch may have been appended (the broker was only slow): sent again each time.
+    assert_recovered(pg, mock_cluster, expected, pid, 2 * BATCH, BATCH)
 
 
 def test_access_exclusive_lock_makes_the_relay_wait_without_error(mock_cluster, make_relay):
-    # LOCK TABLE outbox.events IN ACCESS EXCLUSIVE MODE while a batch is out: the record step and
-    # the claims after it find the table busy and wait (state idle, no ERROR), then carry on.
+    # LOCK TABLE outbox.events IN ACCESS EXCLUSIVE MODE asked for while a batch is out: it waits
+    # for the batch's transaction (the relay holds the table's lock until the record commits),
+    # then the claims after it find the table busy and wait (state idle, no ERROR), then carry on.
     pg, pid = start_relay(make_relay, mock_cluster)
     expected = warm_up(pg)
-    brokers(mock_cluster, up=False)
+    mock_cluster.rtt("all", 1000)  # below publish_timeout: the batch is acked, just slowly
     offset = len(pg.log())
     expected = merge(expected, enqueue_committed(pg, ROUND, "at the lock"))
     wait_until(lambda: worker(pg)["state"] == "publishing", 30, "batch out")
     with pg.connect(autocommit=False) as locker:
+        locker.execute("SET lock_timeout = '60s'")
         locker.execute("LOCK TABLE outbox.events IN ACCESS EXCLUSIVE MODE")
-        # The publish times out, the record step finds the table busy (the batch stays in
-        # flight), then the claim after the backoff finds it busy too: that one says idle.
+        mock_cluster.rtt("all", 0)
+        # The batch out was recorded before the lock was granted: the rest waits, idle.
+        published = locker.execute("SELECT count(*) FROM outbox.events WHERE status = 'published'").fetchone()[0]
+        assert published >= 1 + BATCH
         wait_until(lambda: worker(pg)["state"] == "idle", 30, "worker waiting (idle) behind the lock")
-        assert locker.execute("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'").fetchone()[0] == BATCH
         assert "ERROR:" not in log_since(pg, offset)
-        brokers(mock_cluster, up=True)
         locker.rollback()
     expected = merge(expected, enqueue_committed(pg, ROUND, "after the lock"))
     assert_recovered(pg, mock_cluster, expected, pid, 0)
@@ -333,8 +372,7 @@ def test_brokers_down_twice_then_recover(mock_cluster, make_relay, when):
         brokers(mock_cluster, up=False)
     expected = merge(expected, enqueue_committed(pg, ROUND, "at the outage"))
     if when == "during_publish":
-        wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") > 0, 30,
-                   "batch out")
+        wait_until(lambda: worker(pg)["state"] == "publishing", 30, "batch out")
         brokers(mock_cluster, up=False)
     wait_until(lambda: log_since(pg, offset).count("Kafka unavailable") >= 2, 60, "two failed publish rounds")
     assert pg.value("SELECT max(attempts) FROM outbox.events") == 0, "an outage used up attempts"

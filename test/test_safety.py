@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from harness.kafka_reader import read_topic
+from harness.record_wait import drop_record_wait, make_record_wait
 from harness.wait import wait_until
 
 INVALID_RECORD = 87  # the broker refuses the record batch (mock: produce_errors)
@@ -57,32 +58,24 @@ def fast_stop_completes(pg):
 
 # --- 1. a second ERROR in the relay ----------------------------------------------------------
 
-def test_repeated_lock_timeouts_while_the_broker_is_down_recover(mock_cluster, make_relay):
-    """A user holds FOR UPDATE on in-flight rows while the broker is down: the record step and
-    then the requeue before the next claim both hit lock_timeout, ERROR after ERROR. The worker
-    recovers each time (it crashed with signal 11 once the error context stack dangled)."""
+def test_repeated_lock_timeouts_inside_a_relay_statement_recover(mock_cluster, make_relay):
+    """The record statement waits (in a superuser's trigger) for a lock a session holds: lock
+    timeout after lock timeout, ERROR after ERROR. The worker recovers each time (it crashed with
+    signal 11 once the error context stack dangled)."""
     pg = make_relay(mock_cluster.bootstrap, lock_timeout="300ms", publish_timeout="2s")
     pg.wait_workers_running(1)
     pid = worker_pid(pg)
-    for b in (1, 2, 3):
-        mock_cluster.down(b)
-    ids = enqueue_many(pg, "billing", 20)
-    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") == 20, 30,
-               "batch in flight")
-    holder = pg.connect(autocommit=False)
+    holder = make_record_wait(pg)
     try:
-        holder.execute("SELECT id FROM outbox.events WHERE status = 'in_flight' FOR UPDATE").fetchall()
+        ids = enqueue_many(pg, "billing", 20)
         wait_until(lambda: count_in_log(pg, "canceling statement due to lock timeout") >= 3, 60,
                    "three lock timeouts in a row")
         assert worker_pid(pg) == pid
     finally:
-        holder.rollback()
-        holder.close()
-    for b in (1, 2, 3):
-        mock_cluster.up(b)
+        drop_record_wait(pg, holder)
     pg.wait_published(20, timeout=90)
-    records = read_topic(mock_cluster.bootstrap, "billing", 20)
-    assert {r.event_id for r in records} == set(ids)
+    records = read_topic(mock_cluster.bootstrap, "billing", 20, settle=True)
+    assert {r.event_id for r in records} == set(ids)  # each ended record sent its batch again
     assert worker_pid(pg) == pid
     assert pg.value("SELECT 1") == 1
     fast_stop_completes(pg)
@@ -97,28 +90,30 @@ def test_a_failed_event_after_an_error_inside_a_statement_is_logged_without_a_cr
     pid = worker_pid(pg)
     enqueue_many(pg, "billing", 1, key_prefix="warm-up")
     pg.wait_published(1)
-    # A superuser's trigger raises once, inside the claim's UPDATE (a sequence counts calls
+    # A superuser's trigger raises once, inside the record's UPDATE (a sequence counts calls
     # outside the transaction that the ERROR rolls back).
     pg.sql("""
-        CREATE SEQUENCE public.claims_seen;
-        CREATE FUNCTION public.fail_first_claim() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
+        CREATE SEQUENCE public.records_seen;
+        CREATE FUNCTION public.fail_first_record() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER
         SET search_path = pg_catalog AS $$
         BEGIN
-            IF NEW.status = 'in_flight' AND nextval('public.claims_seen') = 1 THEN
-                RAISE EXCEPTION 'injected by a trigger, inside the claim';
+            IF NEW.status = 'published' AND nextval('public.records_seen') = 1 THEN
+                RAISE EXCEPTION 'injected by a trigger, inside the record';
             END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER fail_first_claim BEFORE UPDATE ON outbox.events FOR EACH ROW
-        EXECUTE FUNCTION public.fail_first_claim();
+        CREATE TRIGGER fail_first_record BEFORE UPDATE ON outbox.events FOR EACH ROW
+        EXECUTE FUNCTION public.fail_first_record();
     """)
+    enqueue_many(pg, "billing", 1, key_prefix="after-the-error")
+    pg.wait_published(2)  # sent again after the ERROR
     mock_cluster.produce_errors(1, INVALID_RECORD)
     with pg.connect() as c:
         poison = c.execute("SELECT outbox.enqueue('billing', 'p', '{}'::jsonb)::text").fetchone()[0]
     wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'failed'") == 1, 60,
                "poison event failed")
     assert pg.value("SELECT event_id::text FROM outbox.events WHERE status = 'failed'") == poison
-    assert count_in_log(pg, "injected by a trigger, inside the claim") >= 1
+    assert count_in_log(pg, "injected by a trigger, inside the record") == 1
     assert worker_pid(pg) == pid
 
 
@@ -452,8 +447,9 @@ def test_batch_byte_budget_counts_keys_and_headers(mock_cluster, make_relay):
         c.commit()
     pg.wait_published(12, timeout=90)
     # A claim takes events while fewer than 1 MB came before them: at most four 300 kB events,
-    # so at least three claims (counting payloads only, all twelve went in one).
-    assert pg.value("SELECT count(DISTINCT claimed_at) FROM outbox.events") >= 3
+    # so at least three batches, each recorded in a transaction of its own (counting payloads
+    # only, all twelve went in one).
+    assert pg.value("SELECT count(DISTINCT published_at) FROM outbox.events") >= 3
 
 
 def test_pause_after_an_error_is_not_cut_short_by_commits(mock_cluster, make_relay):
@@ -487,22 +483,18 @@ def test_fifo_as_properties_file_does_not_wedge_the_worker(mock_cluster, make_re
     fast_stop_completes(pg)
 
 
-def test_terminate_ends_a_relay_statement_waiting_on_a_row_lock(mock_cluster, make_relay):
-    """SIGTERM only sets a flag; a relay statement waiting for a row lock a session holds (here
-    for up to a minute) is cancelled after a short grace, so the worker exits."""
+def test_terminate_ends_a_relay_statement_waiting_on_a_lock(mock_cluster, make_relay):
+    """SIGTERM only sets a flag; a relay statement waiting for a lock a session holds (here for up
+    to a minute, in a superuser's trigger on the record) is cancelled after a short grace, so the
+    worker exits."""
     pg = make_relay(mock_cluster.bootstrap, lock_timeout="60s", publish_timeout="2s")
     pg.wait_workers_running(1)
     pid = worker_pid(pg)
-    for b in (1, 2, 3):
-        mock_cluster.down(b)
-    enqueue_many(pg, "billing", 5)
-    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'in_flight'") == 5, 30,
-               "batch in flight")
-    holder = pg.connect(autocommit=False)
+    holder = make_record_wait(pg)
     try:
-        holder.execute("SELECT id FROM outbox.events WHERE status = 'in_flight' FOR UPDATE").fetchall()
+        enqueue_many(pg, "billing", 5)
         wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)) == "Lock",
-                   30, "the record step waiting for the row locks")
+                   30, "the record step waiting for the lock")
         pg.sql("SELECT pg_terminate_backend(%s)", (pid,))
 
         def gone():
@@ -513,11 +505,8 @@ def test_terminate_ends_a_relay_statement_waiting_on_a_row_lock(mock_cluster, ma
                 return True
         wait_until(gone, 10, "the worker exited")
     finally:
-        holder.rollback()
-        holder.close()
-    for b in (1, 2, 3):
-        mock_cluster.up(b)
-    pg.wait_published(5, timeout=90)  # the restarted worker requeues and publishes them
+        drop_record_wait(pg, holder)
+    pg.wait_published(5, timeout=90)  # the restarted worker sends them again
 
 
 def test_database_settings_do_not_reach_the_relays_statements(mock_cluster, make_relay):
