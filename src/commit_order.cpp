@@ -90,7 +90,7 @@ RestampPlan() {
 	if (plan == nullptr) {
 		Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
 		SPIPlanPtr p = SPI_prepare("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
-		                           "FROM pg_catalog.unnest($1, $2) AS u(id, order_lsn) "
+		                           "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
 		                           "WHERE e.id OPERATOR(pg_catalog.=) u.id",
 		                           2, types);
 		if (p == nullptr) {
