@@ -1,6 +1,7 @@
 // outbox.enqueue(): validate, insert in the caller's transaction, and wake the relay worker that
 // owns the key when (and only when) that transaction commits.
 #include "boundary.hpp"
+#include "commit_order.hpp"
 #include "guc.hpp"
 #include "kafka_names.hpp"
 #include "shmem.hpp"
@@ -154,18 +155,20 @@ PayloadBytes(Datum payload, PayloadKind kind) {
 // caller passed. A generated (random version 4) id cannot collide in practice, and a plain
 // INSERT skips the speculative insertion (its conflict pre-check and extra WAL record); should
 // one ever collide, the unique index still refuses it with an error instead of a silent drop.
+// Each in two shapes: with the id and commit-order stamp back (0.2.0), or without (a 0.1.0
+// table, which has no order_lsn, while an upgrade is under way).
 SPIPlanPtr
-InsertPlan(bool caller_event_id) {
-	static SPIPlanPtr plans[2] = {nullptr, nullptr};
-	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0];
+InsertPlan(bool caller_event_id, bool commit_order) {
+	static SPIPlanPtr plans[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0][commit_order ? 1 : 0];
 	if (plan == nullptr) {
 		Oid types[6] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID};
-#define OUTBOX_INSERT "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) " \
-	                      "VALUES ($1, $2, $3, $4, $5, $6) "
-		SPIPlanPtr p = SPI_prepare(caller_event_id ? OUTBOX_INSERT "ON CONFLICT (event_id) DO NOTHING RETURNING lane"
-		                                           : OUTBOX_INSERT "RETURNING lane",
-		                           6, types);
-#undef OUTBOX_INSERT
+		char query[512];
+		snprintf(query, sizeof(query),
+		         "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
+		         "VALUES ($1, $2, $3, $4, $5, $6) %sRETURNING lane%s",
+		         caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "", commit_order ? ", id, order_lsn" : "");
+		SPIPlanPtr p = SPI_prepare(query, 6, types);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
 		}
@@ -250,16 +253,28 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	                   headers_null ? Datum(0) : PG_GETARG_DATUM(3)};
 	char nulls[6] = {' ', ' ', key_null ? 'n' : ' ', ' ', payload_null ? 'n' : ' ', headers_null ? 'n' : ' '};
 
+	// Unkeyed events promise no order: nothing to stamp in commit order.
+	bool commit_order = key != nullptr && outbox::CommitOrderTracked();
 	SPI_connect();
-	int rc = SPI_execute_plan(InsertPlan(caller_event_id), values, nulls, false, 0);
+	int rc = SPI_execute_plan(InsertPlan(caller_event_id, commit_order), values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING) {
 		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
 	}
 	bool inserted = SPI_processed == 1;
+	int64 id = 0;
+	XLogRecPtr order_lsn = InvalidXLogRecPtr;
+	if (inserted && commit_order) {
+		bool isnull;
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+		order_lsn = DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	}
 	SPI_finish();
 
 	if (!inserted) {
 		PG_RETURN_NULL(); // duplicate event_id: ON CONFLICT DO NOTHING
+	}
+	if (commit_order) {
+		outbox::NoteKeyedRow(topic, key, id, order_lsn);
 	}
 	if (outbox::settings.workers > 0) {
 		if (!xact_callback_registered) {

@@ -11,7 +11,7 @@ extern "C" {
 
 #include "access/transam.h"         // FirstNormalObjectId
 #include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
-#include "access/xlog.h"            // XLogFlush: nothing is published before its commit is durable
+#include "access/xlog.h"            // XLogFlush, GetXLogInsertRecPtr: durability, commit-order stamps
 #include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
 #include "catalog/pg_class.h"       // RELKIND_RELATION
 #include "catalog/pg_namespace.h"   // NamespaceRelationId
@@ -55,6 +55,7 @@ extern "C" {
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"        // get_relname_relid
 #include "utils/memutils.h"
+#include "utils/pg_lsn.h"           // LSNGetDatum: commit-order stamps
 #include "utils/resowner.h"
 #include "utils/snapmgr.h"
 #include "utils/catcache.h"         // CatCList (members of the relay role)
@@ -76,6 +77,11 @@ extern "C" {
 #define OutboxNamespaceAclCheck(nsp, role, mode) pg_namespace_aclcheck(nsp, role, mode)
 #define OutboxProcAclCheck(proc, role, mode) pg_proc_aclcheck(proc, role, mode)
 #define OutboxDatabaseOwnerCheck(db, role) pg_database_ownercheck(db, role)
+#endif
+#if PG_VERSION_NUM >= 170000
+#define OutboxLocalTransactionId() (MyProc->vxid.lxid)
+#else
+#define OutboxLocalTransactionId() (MyProc->lxid)
 #endif
 #if PG_VERSION_NUM >= 150000
 #define OUTBOX_HAS_SHMEM_REQUEST_HOOK 1

@@ -1,4 +1,5 @@
-// Shared memory for the relay workers' slots. Requested at postmaster start, initialised once.
+// Shared memory for the relay workers' slots and the commit-order stripes. Requested at postmaster
+// start, initialised once.
 #include "shmem.hpp"
 
 #include "boundary.hpp"
@@ -43,6 +44,9 @@ StartupMemory() {
 		for (int i = 0; i < kMaxWorkers; i++) {
 			SpinLockInit(&shared->slots[i].mutex);
 		}
+		for (uint32 i = 0; i < kOrderStripes; i++) {
+			pg_atomic_init_u64(&shared->order_stripes[i], 0);
+		}
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -78,6 +82,12 @@ WorkerSlot *
 SlotOf(int worker) {
 	Assert(shared != nullptr && worker >= 0 && worker < kMaxWorkers);
 	return &shared->slots[worker];
+}
+
+pg_atomic_uint64 *
+OrderStripe(uint64 key_hash) {
+	Assert(shared != nullptr);
+	return &shared->order_stripes[key_hash % kOrderStripes];
 }
 
 void

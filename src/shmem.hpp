@@ -41,8 +41,13 @@ struct WorkerSlot {
 	int connect_failures;
 };
 
+// Commit order (commit_order.cpp): per stripe, the highest order_lsn a committing transaction
+// gave a (topic, key) hashing to it. Raise-only; keys sharing a stripe only cost re-stamps.
+constexpr uint32 kOrderStripes = 65536;
+
 struct SharedState {
 	WorkerSlot slots[kMaxWorkers];
+	pg_atomic_uint64 order_stripes[kOrderStripes];
 };
 
 extern SharedState *shared;
@@ -51,6 +56,9 @@ extern SharedState *shared;
 void RequestSharedMemory();
 
 WorkerSlot *SlotOf(int worker);
+
+// The commit-order stripe of a (topic, key) hash.
+pg_atomic_uint64 *OrderStripe(uint64 key_hash);
 
 // Sets the latch of each worker in the bitmask. Safe in a transaction callback (no ERROR).
 void WakeWorkers(uint32 worker_mask);

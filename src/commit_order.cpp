@@ -1,0 +1,312 @@
+// Commit order (DESIGN.md "Commit order"): of two committed transactions with events of one
+// (topic, key), the one that committed later has all its order_lsn stamps above all of the
+// earlier one's. enqueue's insert stamps the WAL insert position; at pre-commit this file locks
+// the transaction's keys (held until the commit is visible) and, where a transaction of the same
+// key committed a higher stamp in the meantime, moves this transaction's rows of that key above
+// it. Plain data only on the stack: everything here can ereport.
+#include "commit_order.hpp"
+
+#include "boundary.hpp"
+#include "shmem.hpp"
+
+namespace outbox {
+
+namespace {
+
+// Locks of this file: LOCKTAG_ADVISORY with a field4 that pg_advisory_lock never uses (it uses 1
+// and 2), so no application lock can collide with them. pg_locks shows them as advisory locks
+// with objsubid 20290 (a key: objid and classid hold its hash) or 20291 (the global lock).
+constexpr uint16 kKeyLockClass = 0x4F42;
+constexpr uint16 kGlobalLockClass = 0x4F43;
+
+struct NotedRow {
+	uint64 key_hash;
+	int64 id;
+	XLogRecPtr order_lsn;
+	SubTransactionId subxact;
+	bool restamp;
+};
+
+// This transaction's keyed rows, in TopTransactionContext (gone with the transaction).
+NotedRow *noted = nullptr;
+Size noted_count = 0;
+Size noted_capacity = 0;
+bool callbacks_registered = false;
+
+// CommitOrderTracked's answer for the transaction checked_lxid.
+LocalTransactionId checked_lxid = InvalidLocalTransactionId;
+bool checked_tracked = false;
+
+Oid
+EventsRelation() {
+	Oid nsp = get_namespace_oid("outbox", true);
+	return OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
+}
+
+// More distinct keys than this in one transaction, and it takes the global lock exclusively
+// instead of one lock per key: a committer then holds at most this many of our locks besides its
+// own, half of the average share of the shared lock table that max_locks_per_transaction sizes
+// (64 -> 32 keys), so a transaction enqueueing for 100,000 keys cannot exhaust the table for
+// everyone. The price: that commit waits for, and holds up, every other enqueuing commit.
+Size
+KeyLockLimit() {
+	return Size(Max(1, max_locks_per_xact / 2));
+}
+
+void
+Lock(uint32 field2, uint32 field3, uint16 lock_class, LOCKMODE mode) {
+	LOCKTAG tag;
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, field2, field3, lock_class);
+	// Transaction-level: released by PostgreSQL once the commit is visible (ProcArrayEndTransaction
+	// runs before the locks go), for a prepared transaction at COMMIT/ROLLBACK PREPARED. A wait
+	// serves cancel, lock_timeout and the deadlock check like any lock wait.
+	(void)LockAcquire(&tag, mode, false, false);
+}
+
+int
+CompareNoted(const void *a, const void *b) {
+	const NotedRow *x = static_cast<const NotedRow *>(a);
+	const NotedRow *y = static_cast<const NotedRow *>(b);
+	if (x->key_hash != y->key_hash) {
+		return x->key_hash < y->key_hash ? -1 : 1;
+	}
+	if (x->order_lsn != y->order_lsn) {
+		return x->order_lsn < y->order_lsn ? -1 : 1;
+	}
+	return x->id < y->id ? -1 : (x->id > y->id ? 1 : 0);
+}
+
+void
+RaiseStripe(uint64 key_hash, uint64 stamp) {
+	pg_atomic_uint64 *stripe = OrderStripe(key_hash);
+	uint64 current = pg_atomic_read_u64(stripe);
+	while (current < stamp && !pg_atomic_compare_exchange_u64(stripe, &current, stamp)) {
+	}
+}
+
+SPIPlanPtr
+RestampPlan() {
+	static SPIPlanPtr plan = nullptr;
+	if (plan == nullptr) {
+		Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
+		SPIPlanPtr p = SPI_prepare("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
+		                           "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+		                           "WHERE e.id OPERATOR(pg_catalog.=) u.id",
+		                           2, types);
+		if (p == nullptr) {
+			elog(ERROR, "outbox: could not prepare the commit-order statement: %s",
+			     SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(p);
+		plan = p;
+	}
+	return plan;
+}
+
+// Writes the new stamps of the rows marked restamp, as the table's owner, in a restricted
+// security context with a pinned search_path: no code of the committing role runs with the
+// locks this file holds, except triggers someone put on outbox.events (README "The table").
+//
+// This runs in the pre-commit callback, after the deferred triggers fired: a trigger that an
+// UPDATE here queues as deferred would not fire (none of the extension's own; README says so).
+// SPI itself is fine there: the transaction is still fully open (PreCommit_Portals has closed
+// the portals, an error still aborts it cleanly), which is what postgres_fdw relies on too.
+void
+WriteStamps(Oid events, Size count) {
+	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Datum *stamps = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Size n = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		if (noted[i].restamp) {
+			ids[n] = Int64GetDatum(noted[i].id);
+			stamps[n] = LSNGetDatum(noted[i].order_lsn);
+			n++;
+		}
+	}
+	Datum values[2] = {PointerGetDatum(construct_array(ids, int(n), INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+	                   PointerGetDatum(construct_array(stamps, int(n), PG_LSNOID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE))};
+
+	HeapTuple rel = SearchSysCache1(RELOID, ObjectIdGetDatum(events));
+	if (!HeapTupleIsValid(rel)) {
+		elog(ERROR, "outbox: cache lookup failed for relation %u", events);
+	}
+	Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(rel))->relowner;
+	ReleaseSysCache(rel);
+
+	Oid saved_user;
+	int saved_context;
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	// An ERROR below aborts the transaction, which restores both (AbortTransaction, AtEOXact_GUC).
+	SetUserIdAndSecContext(owner, saved_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	int guc_level = NewGUCNestLevel();
+	(void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+	                        true, 0, false);
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	int rc = SPI_execute_plan(RestampPlan(), values, nullptr, false, 0);
+	if (rc != SPI_OK_UPDATE) {
+		elog(ERROR, "outbox: commit-order update failed: %s", SPI_result_code_string(rc));
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	AtEOXact_GUC(false, guc_level);
+	SetUserIdAndSecContext(saved_user, saved_context);
+}
+
+// Pre-commit (and pre-prepare): every subtransaction has ended, all user code has run.
+void
+StampInCommitOrder() {
+	if (noted_count == 0) {
+		return;
+	}
+	Oid events = EventsRelation();
+	if (!OidIsValid(events)) {
+		return; // the extension was dropped after the enqueue, and the rows with it
+	}
+	qsort(noted, noted_count, sizeof(NotedRow), CompareNoted);
+	Size keys = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		keys += (i == 0 || noted[i].key_hash != noted[i - 1].key_hash) ? 1 : 0;
+	}
+
+	// Locks in one order (the global one, then keys by hash), taken after all user code: no
+	// deadlock between committers, none with the caller's own locks (README "Commit order").
+	bool global_exclusive = keys > KeyLockLimit();
+	Lock(0, 0, kGlobalLockClass, global_exclusive ? ExclusiveLock : ShareLock);
+	if (!global_exclusive) {
+		for (Size i = 0; i < noted_count; i++) {
+			if (i == 0 || noted[i].key_hash != noted[i - 1].key_hash) {
+				Lock(uint32(noted[i].key_hash >> 32), uint32(noted[i].key_hash), kKeyLockClass, ExclusiveLock);
+			}
+		}
+	}
+
+	// Under the locks, every earlier committer of a key has raised its stripe to its highest
+	// stamp. A key whose lowest stamp here is not above the stripe gets new stamps above both the
+	// stripe and the WAL insert position (read after the stripes), in the rows' own order. Each
+	// new stamp is at most base + rank, and the UPDATE writes more WAL than that (a record per
+	// row), so stamps stay below this transaction's commit record: after a restart (stripes 0
+	// again) the WAL position, and with it every new stamp, is above every committed stamp.
+	Size restamps = 0;
+	for (Size start = 0, end; start < noted_count; start = end) {
+		for (end = start + 1; end < noted_count && noted[end].key_hash == noted[start].key_hash; end++) {
+		}
+		uint64 stripe = pg_atomic_read_u64(OrderStripe(noted[start].key_hash));
+		if (stripe >= noted[start].order_lsn) {
+			for (Size i = start; i < end; i++) {
+				noted[i].restamp = true;
+				noted[i].order_lsn = stripe + 1 + (i - start);
+			}
+			restamps += end - start;
+		}
+	}
+	if (restamps > 0) {
+		XLogRecPtr insert = GetXLogInsertRecPtr();
+		for (Size start = 0, end; start < noted_count; start = end) {
+			for (end = start + 1; end < noted_count && noted[end].key_hash == noted[start].key_hash; end++) {
+			}
+			if (noted[start].restamp && noted[start].order_lsn < insert) {
+				for (Size i = start; i < end; i++) {
+					noted[i].order_lsn = insert + (i - start);
+				}
+			}
+		}
+		WriteStamps(events, restamps);
+	}
+	// Sorted by stamp within a key (new stamps keep that order): the last row has the highest.
+	for (Size i = 0; i < noted_count; i++) {
+		if (i + 1 == noted_count || noted[i + 1].key_hash != noted[i].key_hash) {
+			RaiseStripe(noted[i].key_hash, noted[i].order_lsn);
+		}
+	}
+}
+
+void
+Forget() {
+	noted = nullptr; // TopTransactionContext's memory, freed with it
+	noted_count = 0;
+	noted_capacity = 0;
+}
+
+void
+OnTransactionEvent(XactEvent event, void *) {
+	switch (event) {
+	case XACT_EVENT_PRE_COMMIT:
+	case XACT_EVENT_PRE_PREPARE:
+		StampInCommitOrder();
+		break;
+	case XACT_EVENT_COMMIT:
+	case XACT_EVENT_PARALLEL_COMMIT:
+	case XACT_EVENT_ABORT:
+	case XACT_EVENT_PARALLEL_ABORT:
+	case XACT_EVENT_PREPARE:
+		Forget();
+		break;
+	default:
+		break;
+	}
+}
+
+// The rows of the ending subtransaction (and of its ended children) are a suffix of the list:
+// subtransaction ids grow, and every row noted since it began is its own or a child's.
+void
+OnSubtransactionEvent(SubXactEvent event, SubTransactionId mine, SubTransactionId parent, void *) {
+	if (event == SUBXACT_EVENT_ABORT_SUB) {
+		while (noted_count > 0 && noted[noted_count - 1].subxact >= mine) {
+			noted_count--;
+		}
+	} else if (event == SUBXACT_EVENT_COMMIT_SUB) {
+		for (Size i = noted_count; i > 0 && noted[i - 1].subxact >= mine; i--) {
+			noted[i - 1].subxact = parent;
+		}
+	}
+}
+
+} // namespace
+
+extern "C" {
+static void
+outbox_commit_order_xact_callback(XactEvent event, void *arg) {
+	CallFromPostgres("outbox_commit_order_xact_callback", OnTransactionEvent, event, arg);
+}
+static void
+outbox_commit_order_subxact_callback(SubXactEvent event, SubTransactionId mine, SubTransactionId parent, void *arg) {
+	CallFromPostgres("outbox_commit_order_subxact_callback", OnSubtransactionEvent, event, mine, parent, arg);
+}
+}
+
+bool
+CommitOrderTracked() {
+	LocalTransactionId lxid = OutboxLocalTransactionId();
+	if (lxid != checked_lxid) {
+		Oid events = EventsRelation();
+		checked_tracked = OidIsValid(events) && get_attnum(events, "order_lsn") != InvalidAttrNumber;
+		checked_lxid = lxid;
+	}
+	return checked_tracked;
+}
+
+void
+NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn) {
+	if (!callbacks_registered) {
+		RegisterXactCallback(outbox_commit_order_xact_callback, nullptr);
+		RegisterSubXactCallback(outbox_commit_order_subxact_callback, nullptr);
+		callbacks_registered = true;
+	}
+	if (noted_count == noted_capacity) {
+		Size capacity = noted_capacity == 0 ? 64 : noted_capacity * 2;
+		noted = static_cast<NotedRow *>(noted == nullptr
+		                                    ? MemoryContextAllocHuge(TopTransactionContext, capacity * sizeof(NotedRow))
+		                                    : repalloc_huge(noted, capacity * sizeof(NotedRow)));
+		noted_capacity = capacity;
+	}
+	// A 64-bit hash of (topic, key): equal keys lock and stripe together; unequal keys that
+	// collide only share a lock and a re-stamp, never lose order.
+	uint64 topic_hash = hash_bytes_extended(reinterpret_cast<const unsigned char *>(VARDATA_ANY(topic)),
+	                                        int(VARSIZE_ANY_EXHDR(topic)), 0);
+	uint64 key_hash = hash_bytes_extended(reinterpret_cast<const unsigned char *>(VARDATA_ANY(key)),
+	                                      int(VARSIZE_ANY_EXHDR(key)), topic_hash);
+	noted[noted_count++] = NotedRow{key_hash, id, order_lsn, GetCurrentSubTransactionId(), false};
+}
+
+} // namespace outbox
