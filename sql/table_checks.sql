@@ -87,7 +87,7 @@ SELECT e, 'billing', 'k' || (i % 100), outbox.lane_of('k' || (i % 100), e), '\x0
 FROM (SELECT gen_random_uuid() AS e, i FROM generate_series(1, 20000) i) s;
 SET enable_seqscan = off;
 SET enable_sort = off;
-PREPARE candidates(int, int, int, boolean) AS
+PREPARE candidates(int, int, int, boolean, text[], text[]) AS
 	SELECT e.ctid, e.id, e.topic, e.key,
 	       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)
 	        + coalesce(octet_length(e.headers::text), 0))::bigint
@@ -99,11 +99,14 @@ PREPARE candidates(int, int, int, boolean) AS
 	        WHERE b.topic = e.topic AND b.key = e.key AND (b.order_lsn, b.id) < (e.order_lsn, e.id)
 	          AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)
 	               OR (b.status = 'pending' AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now()))))
+	  AND (e.key IS NULL OR $5::text[] IS NULL OR NOT EXISTS (
+	        SELECT 1 FROM ROWS FROM (unnest($5::text[]), unnest($6::text[])) AS s(topic, key)
+	        WHERE s.topic = e.topic AND s.key = e.key))
 	ORDER BY e.order_lsn, e.id
 	LIMIT $3;
-EXPLAIN (COSTS OFF) EXECUTE candidates(1, 0, 5000, true);
+EXPLAIN (COSTS OFF) EXECUTE candidates(1, 0, 5000, true, NULL, NULL);
 ANALYZE outbox.events;
-EXPLAIN (COSTS OFF) EXECUTE candidates(2, 1, 5000, true);
+EXPLAIN (COSTS OFF) EXECUTE candidates(2, 1, 5000, true, '{orders}', '{k1}');
 PREPARE lock(tid[]) AS
 	SELECT e.id, e.status = 'pending' FROM outbox.events e WHERE e.ctid = ANY ($1) FOR UPDATE OF e SKIP LOCKED;
 EXPLAIN (COSTS OFF) EXECUTE lock('{"(0,1)","(0,2)"}');

@@ -27,29 +27,28 @@ namespace {
 // a plan made without statistics (a burst into a table not yet analyzed) is the same one.
 // Operators are spelled with exact argument types: the worker's search_path is pinned to
 // pg_catalog anyway (worker.cpp), this keeps the statements unambiguous besides.
-#define OUTBOX_CANDIDATES_SQL(passed_over) \
-	"SELECT e.ctid, e.id, e.topic, e.key," \
-	"       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)" \
-	"        + coalesce(octet_length(e.headers::text), 0))::bigint" \
-	" FROM outbox.events e" \
-	" WHERE e.status = 'pending' AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())" \
-	"   AND (e.lane::integer % $1 + $1) % $1 = $2" \
-	"   AND (e.key IS NULL OR NOT EXISTS (" \
-	"         SELECT 1 FROM outbox.events b" \
-	"         WHERE b.topic = e.topic AND b.key = e.key AND (b.order_lsn, b.id) < (e.order_lsn, e.id)" \
-	"           AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)" \
-	"                OR (b.status = 'pending' AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now()))))" \
-	passed_over \
-	" ORDER BY e.order_lsn, e.id" \
-	" LIMIT $3"
-const char *const kCandidatesSql = OUTBOX_CANDIDATES_SQL("");
-// A claim's next round leaves out the (topic, key)s of the candidates the lock statement could
-// not take: without that, a key with a batch's worth of events behind a row a user holds would
-// fill every claim's candidates and starve the other keys.
-const char *const kCandidatesPassingOverSql = OUTBOX_CANDIDATES_SQL(
-    "   AND (e.key IS NULL OR NOT EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) AS s(topic, key)"
-    "                                     WHERE s.topic = e.topic AND s.key = e.key))");
-#undef OUTBOX_CANDIDATES_SQL
+// $5/$6: (topic, key)s to pass over, NULL in a claim's first round. A claim's next round leaves
+// out the (topic, key)s of the candidates the lock statement could not take: without that, a key
+// with a batch's worth of events behind a row a user holds would fill every claim's candidates
+// and starve the other keys.
+const char *const kCandidatesSql = R"SQL(
+SELECT e.ctid, e.id, e.topic, e.key,
+       (coalesce(octet_length(e.payload), 0) + coalesce(octet_length(e.key), 0)
+        + coalesce(octet_length(e.headers::text), 0))::bigint
+FROM outbox.events e
+WHERE e.status = 'pending' AND (e.next_attempt_at IS NULL OR e.next_attempt_at <= now())
+  AND (e.lane::integer % $1 + $1) % $1 = $2
+  AND (e.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM outbox.events b
+        WHERE b.topic = e.topic AND b.key = e.key AND (b.order_lsn, b.id) < (e.order_lsn, e.id)
+          AND (b.status = 'in_flight' OR (b.status = 'failed' AND $4)
+               OR (b.status = 'pending' AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now()))))
+  AND (e.key IS NULL OR $5::text[] IS NULL OR NOT EXISTS (
+        SELECT 1 FROM ROWS FROM (unnest($5::text[]), unnest($6::text[])) AS s(topic, key)
+        WHERE s.topic = e.topic AND s.key = e.key))
+ORDER BY e.order_lsn, e.id
+LIMIT $3
+)SQL";
 
 const char *const kLockSql = R"SQL(
 SELECT e.id, e.event_id::text, e.topic, e.key, e.payload,
@@ -143,9 +142,8 @@ struct Statement {
 	SPIPlanPtr plan;
 };
 
-Statement candidates_stmt = {kCandidatesSql, 4, {INT4OID, INT4OID, INT4OID, BOOLOID}, 0, nullptr};
-Statement candidates_passing_over_stmt = {
-    kCandidatesPassingOverSql, 6, {INT4OID, INT4OID, INT4OID, BOOLOID, TEXTARRAYOID, TEXTARRAYOID}, 0, nullptr};
+Statement candidates_stmt = {
+    kCandidatesSql, 6, {INT4OID, INT4OID, INT4OID, BOOLOID, TEXTARRAYOID, TEXTARRAYOID}, 0, nullptr};
 Statement lock_stmt = {kLockSql, 1, {TIDARRAYOID}, 0, nullptr};
 // The record statement always runs its generic plan: an index probe per recorded row, right at
 // any batch size (a custom plan of a large batch once chose a sequential scan of the whole
@@ -744,8 +742,8 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 		                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
 		                   passed_before > 0 ? ArrayOf(passed_over.topics, passed_before, TEXTOID) : Datum(0),
 		                   passed_before > 0 ? ArrayOf(passed_over.keys, passed_before, TEXTOID) : Datum(0)};
-		Execute("claim", passed_before > 0 ? candidates_passing_over_stmt : candidates_stmt, values, nullptr,
-		        SPI_OK_SELECT);
+		const char nulls[6] = {' ', ' ', ' ', ' ', passed_before > 0 ? ' ' : 'n', passed_before > 0 ? ' ' : 'n'};
+		Execute("claim", candidates_stmt, values, nulls, SPI_OK_SELECT);
 		SPITupleTable *candidates = SPI_tuptable;
 		int n_candidates = int(SPI_processed);
 		// The byte budget over payload, key and headers (the first row always fits), so memory

@@ -233,15 +233,22 @@ def test_database_owner_settings_and_planted_code_change_nothing(owned_relay, mo
     assert query(pg, "SELECT * FROM public.planted_ran") == []
     assert not is_superuser(pg, "mallory")
 
-    # Control: the relay's own claim, run in a superuser session with the database's
-    # search_path, runs the planted code as that superuser. (Rolled back.)
+    # Control: in a superuser session with the database's search_path, a statement in the shape
+    # of 0.1.0's claim (a running sum of sizes minus a bigint: numeric - bigint, which the planted
+    # operator matches better than pg_catalog's) runs the planted code as that superuser. The
+    # relay's own candidates statement, run the same way, finds its rows and runs none of it:
+    # every operator it uses matches pg_catalog exactly. (Rolled back.)
     options = NEUTRAL.replace("-c search_path=pg_catalog ", "")
     with connect(pg, options=options, autocommit=False) as c:
         assert c.execute("SHOW search_path").fetchone()[0] == "evil, public"
         for i in range(3):
             c.execute("SELECT outbox.enqueue('billing', 'control', %s::jsonb)", (f'{{"c": {i}}}',))
-        c.execute("PREPARE claim(integer, integer, integer, boolean, bigint) AS " + relay_sql("kClaimSql"))
-        assert len(c.execute("EXECUTE claim(1, 0, 100, true, 100000000)").fetchall()) == 3
+        c.execute("PREPARE claim(integer, integer, integer, boolean, text[], text[]) AS "
+                  + relay_sql("kCandidatesSql"))
+        assert len(c.execute("EXECUTE claim(1, 0, 100, true, NULL, NULL)").fetchall()) == 3
+        assert c.execute("SELECT count(*) FROM public.planted_ran").fetchone()[0] == 0
+        c.execute("SELECT sum(octet_length(payload)::bigint) OVER (ORDER BY id) - id FROM outbox.events "
+                  "WHERE status = 'pending'").fetchall()
         ran = {what for who, what, was_super in c.execute("SELECT * FROM public.planted_ran").fetchall()
                if who == "postgres" and was_super}
         print("planted code run by the control:", sorted(ran))

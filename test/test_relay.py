@@ -109,6 +109,33 @@ def test_four_workers_1000_events_100_keys_exactly_once_in_order(mock_cluster, m
     assert all(w[3] > 0 for w in pg.workers())
 
 
+SUBSCRIPTION_TOPICS = ["invoice", "payment", "refund", "dunning"]
+
+
+def test_a_keys_events_on_four_topics_go_in_one_batch_in_order_per_topic_and_key(mock_cluster, make_relay):
+    """Order scope is (topic, key): a key's events spread over four topics are not cut into one
+    batch per change of topic (0.1.0 did that), and each (topic, key) arrives in commit order."""
+    for t in SUBSCRIPTION_TOPICS:
+        mock_cluster.create_topic(t, 4)
+    pg = make_relay(mock_cluster.bootstrap, batch_size=400)
+    pg.wait_workers_running(1)
+    expected = {t: {} for t in SUBSCRIPTION_TOPICS}
+    with pg.connect(autocommit=False) as c:
+        for i in range(400):
+            topic, key = SUBSCRIPTION_TOPICS[i % 4], f"sub-{i % 10}"
+            eid = c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)::text",
+                            (topic, key, f'{{"seq": {i}}}')).fetchone()[0]
+            expected[topic].setdefault(key, []).append(eid)
+        c.commit()
+    pg.wait_published(400)
+    # One batch: one record statement, one transaction, one published_at.
+    assert pg.value("SELECT count(DISTINCT published_at) FROM outbox.events") == 1
+    for topic in SUBSCRIPTION_TOPICS:
+        records = read_topic(mock_cluster.bootstrap, topic, 100, settle=True)
+        check = check_delivery(records, expected[topic])
+        assert check.lost == [] and check.order_violations == [] and check.duplicates == 0, topic
+
+
 def test_order_holds_with_injected_errors_and_a_killed_worker(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap, workers=4, batch_size=50, max_attempts=1000)
     pg.wait_workers_running(4)
