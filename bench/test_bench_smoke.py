@@ -64,5 +64,5 @@ def test_bench_quick_smoke(tmp_path):
     assert workloads["memory"]["memory"]["samples"] > 0 and workloads["memory"]["runs"]
     assert workloads["table_health"]["samples"]
     assert {t["target"] for t in results["targets"]}
-    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png"):
+    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png", "burst_drain.png"):
         assert (out / chart).stat().st_size > 0, chart
