@@ -68,8 +68,6 @@ QUICK = {
     "burst_drain_rtts_ms": [5], "burst_drain_workers": [1],
 }
 
-
-
 # The design-independent floors (sql_floor.py): system -> bench.floor_claim mode.
 FLOOR_SYSTEMS = {"floor_" + mode: mode for mode in sql_floor.FLOOR_MODES}
 
@@ -112,7 +110,7 @@ class Bench:
         present only while the tuned baseline runs."""
         if on and self.tuned_index is None:
             has = self.db.value("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = 'events' "
-                                "AND indexdef LIKE '%%USING btree (id) WHERE (status = ''pending''::text)'")
+                                "AND indexdef LIKE %s", ("%USING btree (id) WHERE (status = 'pending'::text)",))
             if not has:
                 self.db.sql("CREATE INDEX bench_tuned_pending_id_idx ON outbox.events (id) WHERE status = 'pending'")
             self.tuned_index = not has
@@ -180,6 +178,8 @@ class Bench:
         res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
                "window_s": window, "tailing_reader": tail, "topics": len(topics or [topic]), "analyze": analyze}
         analyzed = self.analyze_count()
+        if system == "tuned":
+            res["claim_index"] = "the bench's" if self.tuned_index else "the relay's"
         reader = common.TopicReader(self.mock.bootstrap, topic) if tail else None
         if reader:
             reader.start()
