@@ -4,7 +4,8 @@ builds what it needs and runs this as an unprivileged user when started as root.
 
     bench.py [--quick] [--runs N] [--out DIR] [--only drain,hot_keys,...]
 
-Workloads: drain, hot_keys, burst, idle_latency, enqueue_overhead, memory, table_health.
+Workloads: burst_4topic, burst_1topic, drain, hot_keys, burst, idle_latency, enqueue_overhead, memory,
+table_health.
 Writes DIR/results.json and DIR/*.png, prints a table."""
 
 import argparse
@@ -25,10 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import psycopg  # noqa: E402
 
 import common  # noqa: E402
+import sql_floor  # noqa: E402
 from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_epoch, load, log,  # noqa: E402
                     make_dataset, median, percentile, verify, wait_drained)
 
-WORKLOADS = ["drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead", "memory", "table_health"]
+WORKLOADS = ["burst_4topic", "burst_1topic", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
+             "memory", "table_health"]
+# The burst-drain workloads: name -> the topics each key's events are spread over.
+BURST_TOPICS = {"burst_4topic": ["invoice", "payment", "refund", "dunning"], "burst_1topic": ["billing"]}
+BURST_SYSTEMS = ["outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
 
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
 # 2-core machine) forces a scale-down; RESULTS.md lists each one and why.
@@ -41,8 +47,10 @@ FULL = {
     "latency_seconds": 60, "latency_interval_ms": 20, "latency_baseline_seconds": 30,
     "pgbench_seconds": 12, "pgbench_clients": [1, 4],
     "memory_events": 1_000_000,
-    "health_seconds": 300, "health_rate": 500, "health_retention": "10s",
+    "health_seconds": 1200, "health_rate": 500, "health_retention": "10s",
     "rtt_ms": 5,
+    "burst_drain_events": 100_000, "burst_drain_keys": 1000,
+    "burst_drain_rtts_ms": [0, 5, 20], "burst_drain_workers": [1, 2, 4],
 }
 QUICK = {
     "drain_events": 3000, "many_keys": 100, "hot_keys": 10,
@@ -54,17 +62,24 @@ QUICK = {
     "memory_events": 10_000,
     "health_seconds": 20, "health_rate": 200, "health_retention": "2s",
     "rtt_ms": 5,
+    # The real burst size (so that a quick run of one burst workload says something), in one cell
+    # per relay: RTT 5 ms, one worker. --burst-events shrinks it (the smoke test does).
+    "burst_drain_events": 100_000, "burst_drain_keys": 1000,
+    "burst_drain_rtts_ms": [5], "burst_drain_workers": [1],
 }
 
-SYSTEMS = ["outbox", "batched", "seed", "floor"]
-LABEL = {"outbox": "outbox relay", "batched": "batched relay (hand-written)",
-         "seed": "seed-style relay (articles)", "floor": "SQL floor (claim+record, no Kafka)"}
+# The design-independent floors (sql_floor.py): system -> bench.floor_claim mode.
+FLOOR_SYSTEMS = {"floor_" + mode: mode for mode in sql_floor.FLOOR_MODES}
 
 
 class Bench:
     def __init__(self, args):
         self.args = args
         self.sizes = dict(QUICK if args.quick else FULL)
+        if args.health_minutes is not None:
+            self.sizes["health_seconds"] = round(args.health_minutes * 60)
+        if args.burst_events is not None:
+            self.sizes["burst_drain_events"] = args.burst_events
         self.runs = args.runs if args.runs else (1 if args.quick else 3)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -72,6 +87,7 @@ class Bench:
         self.db = None
         self.mock = None
         self.seed_index = False
+        self.tuned_index = None
 
     # -- helpers --------------------------------------------------------------------------------
     def save(self):
@@ -88,6 +104,21 @@ class Bench:
             self.db.sql("DROP INDEX IF EXISTS outbox.bench_seed_pending_created_idx")
         self.seed_index = on
 
+    def tuned_index_on(self, on):
+        """The tuned baseline's claim (ORDER BY id WHERE status = 'pending') needs a partial index
+        on id: the relay's own if it has one of exactly that shape, else one of the bench's,
+        present only while the tuned baseline runs."""
+        if on and self.tuned_index is None:
+            has = self.db.value("SELECT count(*) FROM pg_indexes WHERE schemaname = 'outbox' AND tablename = 'events' "
+                                "AND indexdef LIKE %s", ("%USING btree (id) WHERE (status = 'pending'::text)",))
+            if not has:
+                self.db.sql("CREATE INDEX bench_tuned_pending_id_idx ON outbox.events (id) WHERE status = 'pending'")
+            self.tuned_index = not has
+        elif not on and self.tuned_index is not None:
+            if self.tuned_index:
+                self.db.sql("DROP INDEX IF EXISTS outbox.bench_tuned_pending_id_idx")
+            self.tuned_index = None
+
     def prepare(self, system, workers, rtt, commit_timestamps=False, **outbox):
         """Relay `system` ready on an empty outbox.events at RTT `rtt`: the outbox relay with
         `workers` workers, or the relay off for the baselines and the SQL floor.
@@ -102,10 +133,12 @@ class Bench:
         self.db.reset_outbox()  # a restarted relay must find nothing left from the last run
         if system.startswith("outbox"):
             self.seed_index_on(False)
+            self.tuned_index_on(False)
             self.db.configure(workers, self.mock.bootstrap, settings, **outbox)
         else:
             self.db.configure(0, self.mock.bootstrap, settings)
             self.seed_index_on(system in ("seed", "batched"))
+            self.tuned_index_on(system == "tuned")
         self.db.reset_outbox()
 
     def cell(self, label, run, kind="cell"):
@@ -125,18 +158,28 @@ class Bench:
         return dict(sorted(runs, key=key)[len(runs) // 2])
 
     # -- one drain --------------------------------------------------------------------------
-    def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False):
+    def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False, topics=None,
+              analyze=True):
         """Loads n events of `dataset` as one committed backlog (the relay is running and idle)
         and lets `system` drain it, all of it, or for at most `window` seconds when a full drain
         may not fit the time budget (the rate is then over what was published in the window,
         and the verification covers the published rows). Rate = published / (last published_at
         - commit of the load). tail: read the topic while the relay runs (more data than the mock
-        cluster keeps per partition; costs the relay some CPU)."""
+        cluster keeps per partition; costs the relay some CPU). topics: names the events are
+        spread over (load), one topic per name and run; else one topic. analyze: ANALYZE in the
+        load's transaction (the burst workloads load without)."""
         db = self.db
+        seen_drained = None
         self.prepare(system, workers, rtt)
-        topic = self.mock.new_topic(label)
+        if topics:
+            topic = [self.mock.new_topic(f"{label}-{t}") for t in topics]
+        else:
+            topic = self.mock.new_topic(label)
         res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
-               "window_s": window, "tailing_reader": tail}
+               "window_s": window, "tailing_reader": tail, "topics": len(topics or [topic]), "analyze": analyze}
+        analyzed = self.analyze_count()
+        if system == "tuned":
+            res["claim_index"] = "the bench's" if self.tuned_index else "the relay's"
         reader = common.TopicReader(self.mock.bootstrap, topic) if tail else None
         if reader:
             reader.start()
@@ -146,7 +189,7 @@ class Bench:
             sampler = RssSampler(db.worker_pids()) if rss else None
             if sampler:
                 sampler.start()
-            t0 = load(db, dataset, n, topic)
+            t0 = load(db, dataset, n, topic, analyze)
             if window:
                 while time.time() < t0 + window and db.published_by_workers() - base < n:
                     time.sleep(0.05)
@@ -155,18 +198,21 @@ class Bench:
                 db.configure(0)  # fast shutdown: each worker finishes and records its batch
             else:
                 wait_drained(lambda: db.published_by_workers() - base, n, timeout, label)
+                seen_drained = time.time()
                 if sampler:
                     res["memory"] = sampler.stop()
             if sampler:
                 res["memory_timeline"] = [(t, m.get("VmRSS"), m.get("RssAnon"), m.get("RssShmem"))
                                           for t, _, m in sampler.samples]
             res["statements"] = db.relay_statement_times()
+        elif system in FLOOR_SYSTEMS:
+            return self.floor_drain(res, FLOOR_SYSTEMS[system], dataset, n, topic, label)
         elif system.startswith("floor"):
             # The relay's own batch settings (outbox.batch_size, outbox.batch_max_bytes).
             batch_size, max_bytes = (int(x) for x in db.sql(
                 "SELECT (SELECT setting FROM pg_settings WHERE name = 'outbox.batch_size'), "
                 "(SELECT setting FROM pg_settings WHERE name = 'outbox.batch_max_bytes')")[0])
-            t0 = load(db, dataset, n, topic)
+            t0 = load(db, dataset, n, topic, analyze)
             errors = []
 
             def one(i):
@@ -194,33 +240,136 @@ class Bench:
             relays = ExternalRelays(system, workers, db.dsn, self.mock.bootstrap)
             try:
                 relays.wait_ready()  # connected and idle-polling, as in production
-                t0 = load(db, dataset, n, topic)
+                t0 = load(db, dataset, n, topic, analyze)
                 if window:
                     while time.time() < t0 + window and relays.published() < n:
                         time.sleep(0.05)
                 else:
                     wait_drained(relays.published, n, timeout, label)
+                    seen_drained = time.time()
             finally:
                 relays.stop()  # each finishes its tick (transaction) first
+            acked = relays.last_ack()
         published = db.value("SELECT count(*) FROM outbox.events WHERE status = 'published'")
-        t_end = last_published_epoch(db)
+        # The end: the last batch's acks (the outbox relay's published_at; the baselines report
+        # it, the tuned one writes now(), its transaction's start, into published_at).
+        t_end = acked if system in ("batched", "tuned") and acked else last_published_epoch(db)
+        res["analyzed_during_run"] = self.analyze_count() - analyzed
         res["published"] = published
         res["seconds"] = round(t_end - t0, 3)
         res["rate"] = round(published / (t_end - t0), 1)
+        if seen_drained:
+            # The same drain timed from outside the relay: when the harness, polling every 50 ms,
+            # saw the relay's published count reach n (after the record commit).
+            res["seconds_observed"] = round(seen_drained - t0, 3)
+            res["rate_observed"] = round(n / (seen_drained - t0), 1)
         if system.startswith("floor"):
             res["verify"] = None  # nothing is sent
         else:
             res["verify"] = verify(db, self.mock, topic, only_published=bool(window), reader=reader)
+        self.log_drain(label, res, window)
+        return res
+
+    def log_drain(self, label, res, window=None):
         v = res["verify"] or {}
+        published = res["published"]
         log(f"  {label}: {res['rate']:.0f} events/s ({published} in {res['seconds']:.1f} s"
             + (f", window {window} s" if window else "") + ")"
             + (f"; lost {v['lost'] + v['unpublished_rows']}, dup {v['duplicates']}, "
                f"order-violating keys {v['order_violation_keys']}" if v else "")
             + (f"; claim {res['statements']['claim']['mean_ms']} ms, record {res['statements']['record']['mean_ms']} ms"
-               if "statements" in res else ""))
+               if "statements" in res else "")
+            + (f"; ANALYZEd {res['analyzed_during_run']} time(s) during the run" if res.get("analyzed_during_run") else ""))
+
+    def analyze_count(self):
+        """ANALYZEs of outbox.events so far (manual and autovacuum's)."""
+        return int(self.db.value("SELECT analyze_count + autoanalyze_count FROM pg_stat_user_tables "
+                                 "WHERE relid = 'outbox.events'::regclass"))
+
+    def floor_drain(self, res, mode, dataset, n, topics, label):
+        """A design-independent SQL floor (sql_floor.py): the same events loaded into
+        bench.floor_events in one transaction (no ANALYZE: the table is new, autovacuum off for
+        it), drained by `workers` sessions of bench.floor_claim. Rate = events / (the wall clock
+        when the last session returned - the load's commit)."""
+        db = self.db
+        topics = [topics] if isinstance(topics, str) else topics
+        with db.connect() as c:
+            c.execute(sql_floor.FLOOR_TABLE_SQL)
+        with db.connect(autocommit=False) as c:
+            c.execute(sql_floor.floor_load_sql(dataset), {"topics": topics, "n_topics": len(topics), "n": n})
+            c.commit()
+            t0 = time.time()
+        errors = []
+
+        def one():
+            try:
+                with db.connect() as c:
+                    c.execute("SET jit = off")  # as the tuned baseline does
+                    c.execute("CALL bench.floor_claim(%s, %s)", (mode, 5000))
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+        threads = [threading.Thread(target=one) for _ in range(res["workers"])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        t_end = time.time()
+        if errors:
+            raise RuntimeError(errors[0])
+        left = db.value("SELECT count(*) FROM bench.floor_events WHERE status IN ('pending', 'in_flight')")
+        if left:
+            raise RuntimeError(f"{label}: {left} rows left unclaimed")
+        res.update({"published": n, "seconds": round(t_end - t0, 3), "rate": round(n / (t_end - t0), 1),
+                    "verify": None, "floor_mode": mode, "analyzed_during_run": 0})
+        db.sql("DROP TABLE bench.floor_events")
+        self.log_drain(label, res)
         return res
 
     # -- workloads ------------------------------------------------------------------------------
+    def w_burst_4topic(self):
+        return self.burst_drain("burst_4topic")
+
+    def w_burst_1topic(self):
+        return self.burst_drain("burst_1topic")
+
+    def burst_drain(self, name):
+        """A burst of burst_drain_events events over burst_drain_keys keys committed in ONE
+        transaction with every relay running and idle, drained at once, WITHOUT ANALYZE: the load
+        does not analyze, the column statistics earlier workloads left are deleted, and autovacuum
+        is off for outbox.events for the whole workload (each run records how often the table was
+        analyzed anyway: analyzed_during_run). Each key's events are spread over the workload's
+        topics. Every relay and floor at every RTT and worker count, --runs runs of each (the runs
+        interleaved, so that a noisy spell does not hit one cell's runs only)."""
+        s = self.sizes
+        db = self.db
+        topics = BURST_TOPICS[name]
+        out = []
+        cells = []
+        for r in range(self.runs):
+            for rt in s["burst_drain_rtts_ms"]:
+                for w in s["burst_drain_workers"]:
+                    for system in BURST_SYSTEMS:
+                        if system in FLOOR_SYSTEMS and rt != s["burst_drain_rtts_ms"][0]:
+                            continue  # the floors send nothing: RTT is moot
+                        cells.append((r, system, w, 0 if system in FLOOR_SYSTEMS else rt))
+        db.sql("ALTER TABLE outbox.events SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
+        try:
+            for r, system, w, rt in cells:
+                label = f"{name.replace('_', '-')}-{system.replace('_', '-')}-w{w}-rtt{rt}-r{r}"
+                # Statistics an earlier workload's ANALYZE left (TRUNCATE keeps them).
+                db.sql("DELETE FROM pg_statistic WHERE starelid = 'outbox.events'::regclass")
+                res = self.cell(label, lambda: self.drain(system, w, rt, "ds_burst", s["burst_drain_events"], label,
+                                                          topics=topics, analyze=False))
+                if res is None:
+                    continue
+                res["run"] = r
+                out.append(res)
+                self.results["workloads"][name] = out
+                self.save()
+        finally:
+            db.sql("ALTER TABLE outbox.events RESET (autovacuum_enabled, toast.autovacuum_enabled)")
+        return out
+
     def w_drain(self):
         """Backlog drain over many keys: every relay at 1, 2 and 4 workers, RTT 0 and 5 ms. The
         cells behind a target (one worker, RTT 5 ms) get --runs runs, the others one."""
@@ -237,6 +386,8 @@ class Bench:
                     if (w, rt) == (1, rtt) or (system == "floor" and rt != rtt):
                         continue  # done above; the floor sends nothing, RTT is moot
                     cells.append((0, system, w, rt))
+        if not self.db.relay_floor:
+            cells = [c for c in cells if c[1] != "floor"]
         for r, system, w, rt in cells:
             label = f"drain-{system.replace('_', '-')}-w{w}-rtt{rt}-r{r}"
             window = s["baseline_window_s"] if system == "seed" else None
@@ -260,6 +411,8 @@ class Bench:
         out = []
         cells = [(r, "outbox") for r in range(self.runs)]
         cells += [(0, "batched"), (0, "seed"), (0, "floor"), (0, "outbox_jit_off")]
+        if not self.db.relay_floor:
+            cells = [c for c in cells if c[1] != "floor"]
         for r, system in cells:
             label = f"hot-{system.replace('_', '-')}-w1-rtt{rtt}-r{r}"
             window = s["baseline_window_s"] if system == "seed" else None
@@ -689,6 +842,9 @@ class Bench:
             if set(selected) & {"drain", "memory", "burst", "idle_latency"}:
                 log(f"data set: {s['drain_events']} events over {s['many_keys']} keys")
                 make_dataset(self.db, "ds_many", s["drain_events"], s["many_keys"])
+            if set(selected) & set(BURST_TOPICS):
+                log(f"data set: {s['burst_drain_events']} events over {s['burst_drain_keys']} keys")
+                make_dataset(self.db, "ds_burst", s["burst_drain_events"], s["burst_drain_keys"])
             if "hot_keys" in selected:
                 log(f"data set: {s['drain_events']} events over {s['hot_keys']} keys")
                 make_dataset(self.db, "ds_hot", s["drain_events"], s["hot_keys"])
@@ -728,6 +884,10 @@ def main():
     ap.add_argument("--runs", type=int, default=None, help="runs of each target cell (default 3; --quick 1)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(WORKLOADS))
+    ap.add_argument("--health-minutes", type=float, default=None,
+                    help="table_health duration per run (default 20 minutes; --quick 20 s)")
+    ap.add_argument("--burst-events", type=int, default=None,
+                    help="events per burst_4topic / burst_1topic run (default 100,000)")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.exit(Bench(args).run())

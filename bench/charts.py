@@ -7,9 +7,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"outbox": "tab:blue", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
-          "outbox_jit_off": "tab:cyan"}
-NAMES = {"outbox": "outbox relay", "batched": "batched relay", "seed": "seed-style relay",
-         "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off"}
+          "outbox_jit_off": "tab:cyan", "tuned": "tab:green", "floor_delete": "black",
+          "floor_update": "tab:gray", "floor_update2": "tab:brown"}
+NAMES = {"outbox": "outbox relay", "batched": "naive batched relay", "seed": "seed-style relay",
+         "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off",
+         "tuned": "tuned batched relay", "floor_delete": "floor: claim + DELETE",
+         "floor_update": "floor: claim + 1 UPDATE", "floor_update2": "floor: claim + 2 UPDATEs"}
+RTT_STYLES = {0: ":", 5: "-", 20: "--"}
 
 
 
@@ -127,6 +131,33 @@ def burst(results, out):
     return _save(fig, out, "burst.png")
 
 
+def burst_drains(results, out):
+    """The burst workloads: events/s by workers, a line per relay and RTT, a panel per workload."""
+    summary = results.get("summary", {})
+    names = [n for n in ("burst_4topic", "burst_1topic") if summary.get(n)]
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(7 * len(names), 5), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        rows = summary[name]
+        for system in NAMES:
+            for rtt in sorted({r["rtt_ms"] for r in rows if r["system"] == system}):
+                pts = sorted((r["workers"], r["rate_median"]) for r in rows
+                             if r["system"] == system and r["rtt_ms"] == rtt)
+                label = NAMES[system] + ("" if system.startswith("floor") else f", RTT {rtt} ms")
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], RTT_STYLES.get(rtt, "-."), marker="o",
+                        color=COLORS[system], label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("events/s (log scale)")
+        ax.set_xticks(sorted({r["workers"] for r in rows}))
+        n_topics = 4 if name == "burst_4topic" else 1
+        ax.set_title(f"Burst of {rows[0]['events']:,} events in one transaction, {n_topics} topic(s), no ANALYZE")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    return _save(fig, out, "burst_drain.png")
+
+
 def draw(results, out):
     return [p for p in (throughput(results, out), latency(results, out), memory(results, out),
-                        table_health(results, out), burst(results, out)) if p]
+                        table_health(results, out), burst(results, out), burst_drains(results, out)) if p]

@@ -15,7 +15,19 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 sys.path.insert(0, str(REPO / "test"))
-os.environ["PATH"] = "/usr/lib/postgresql/15/bin:" + os.environ.get("PATH", "")
+# The PostgreSQL the extension was installed into: $PG_CONFIG's (bench/run passes it on), else
+# Debian's.
+def _pg_bindir():
+    pg_config = os.environ.get("PG_CONFIG")
+    if pg_config:
+        try:
+            return subprocess.run([pg_config, "--bindir"], capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    return "/usr/lib/postgresql/15/bin"
+
+
+os.environ["PATH"] = _pg_bindir() + ":" + os.environ.get("PATH", "")
 
 import psycopg
 import psycopg.sql
@@ -83,7 +95,15 @@ class Postgres:
         self.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         self.sql("CREATE SCHEMA IF NOT EXISTS bench")
         with self.connect() as c:
-            c.execute(sql_floor.procedure_sql())
+            c.execute(sql_floor.FLOOR_PROCEDURE_SQL)
+            # The relay's own statements as a floor, while src/relay_sql.cpp has them in the
+            # shape sql_floor.py reads; the bench does not depend on it.
+            try:
+                c.execute(sql_floor.procedure_sql())
+                self.relay_floor = True
+            except (KeyError, OSError, psycopg.Error) as e:
+                log(f"the relay-statement SQL floor is skipped: {e!r}")
+                self.relay_floor = False
 
     # access
     def connect(self, autocommit=True):
@@ -193,12 +213,14 @@ def make_dataset(db, name, n, keys):
 
 
 def load(db, dataset, n, topic, analyze=True):
-    """Enqueues the first n events of a data set to `topic` in one transaction (ANALYZE included,
-    so the planner knows the backlog as it would in a table that has been in use). Returns the
-    wall-clock time of the commit (epoch seconds)."""
+    """Enqueues the first n events of a data set in one transaction (with analyze, ANALYZE
+    included, so the planner knows the backlog as it would in a table that has been in use).
+    `topic`: one topic, or a list: event n goes to topic[n % len], so each key's events are spread
+    over all of them. Returns the wall-clock time of the commit (epoch seconds)."""
+    topics = [topic] if isinstance(topic, str) else list(topic)
     with db.connect(autocommit=False) as c:
-        c.execute(f"SELECT count(outbox.enqueue(%s, s.key, s.payload, s.headers, s.event_id)) "
-                  f"FROM (SELECT * FROM bench.{dataset} WHERE n <= %s ORDER BY n) s", (topic, n))
+        c.execute(f"SELECT count(outbox.enqueue((%s::text[])[1 + s.n %% %s], s.key, s.payload, s.headers, s.event_id)) "
+                  f"FROM (SELECT * FROM bench.{dataset} WHERE n <= %s ORDER BY n) s", (topics, len(topics), n))
         if analyze:
             c.execute("ANALYZE outbox.events")
         c.commit()
@@ -206,13 +228,13 @@ def load(db, dataset, n, topic, analyze=True):
 
 
 def expected_order(db, only_published=False):
-    """{key: [event_id, ...]} in enqueue order, and the number of events (only the published ones
-    when a relay was stopped before the end of the backlog)."""
+    """{(topic, key): [event_id, ...]} in enqueue order, and the number of events (only the
+    published ones when a relay was stopped before the end of the backlog)."""
     by_key = {}
-    rows = db.sql("SELECT key, event_id::text FROM outbox.events "
+    rows = db.sql("SELECT topic, key, event_id::text FROM outbox.events "
                   + ("WHERE status = 'published' " if only_published else "") + "ORDER BY id")
-    for key, eid in rows:
-        by_key.setdefault(key, []).append(eid)
+    for topic, key, eid in rows:
+        by_key.setdefault((topic, key), []).append(eid)
     return by_key, len(rows)
 
 
@@ -249,7 +271,8 @@ class Mock:
 
 
 class TopicReader(threading.Thread):
-    """Reads every partition of `topic` from the beginning: [(partition, offset, key, event_id)].
+    """Reads every partition of `topic` (a name or a list of names) from the beginning:
+    [(topic, partition, offset, key, event_id)].
 
     The mock cluster keeps only the last 5 MiB (or 100,000 record batches) of each partition and
     silently drops older data, so a run that sends more than that per partition must be read
@@ -260,7 +283,7 @@ class TopicReader(threading.Thread):
     def __init__(self, bootstrap, topic, settle=1.0):
         super().__init__(daemon=True)
         self.bootstrap = bootstrap
-        self.topic = topic
+        self.topics = [topic] if isinstance(topic, str) else list(topic)
         self.settle = settle
         self.records = []
         self.expected = None
@@ -280,7 +303,7 @@ class TopicReader(threading.Thread):
                              "auto.offset.reset": "earliest",
                              "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
         try:
-            consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.topics for p in range(PARTITIONS)])
             quiet_since = None
             while True:
                 msgs = consumer.consume(50000, timeout=0.2)
@@ -294,7 +317,7 @@ class TopicReader(threading.Thread):
                     for k, v in (m.headers() or []):
                         if k == "event_id":
                             eid = v.decode()
-                    self.records.append((m.partition(), m.offset(),
+                    self.records.append((m.topic(), m.partition(), m.offset(),
                                          m.key().decode() if m.key() is not None else None, eid))
                     got += 1
                 if self.expected is None:
@@ -311,12 +334,13 @@ class TopicReader(threading.Thread):
             # Offsets the mock no longer has: everything below a partition's low watermark that
             # this reader did not see.
             seen = {}
-            for part, off, _, _ in self.records:
-                seen[part] = seen.get(part, 0) + 1
-            for p in range(PARTITIONS):
-                lo, hi = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
-                if lo > 0:
-                    self.dropped_by_mock += max(0, hi - seen.get(p, 0))
+            for topic, part, off, _, _ in self.records:
+                seen[topic, part] = seen.get((topic, part), 0) + 1
+            for t in self.topics:
+                for p in range(PARTITIONS):
+                    lo, hi = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+                    if lo > 0:
+                        self.dropped_by_mock += max(0, hi - seen.get((t, p), 0))
         finally:
             consumer.close()
 
@@ -338,17 +362,18 @@ def read_all(bootstrap, topic, expected, timeout=300.0):
 
 
 def check(records, by_key, n_expected):
-    """lost / duplicates / per-key order (judged on first deliveries in partition append order).
-    Same rules as test/harness/kafka_reader.check_delivery, in linear time."""
+    """lost / duplicates / per-(topic, key) order (judged on first deliveries in partition append
+    order; by_key is keyed by (topic, key)). Same rules as
+    test/harness/kafka_reader.check_delivery, in linear time."""
     seen = set()
     first_order = {}
     duplicates = 0
-    for part, off, key, eid in sorted(records):
+    for topic, part, off, key, eid in sorted(records, key=lambda r: r[:3]):
         if eid in seen:
             duplicates += 1
             continue
         seen.add(eid)
-        first_order.setdefault(key, []).append(eid)
+        first_order.setdefault((topic, key), []).append(eid)
     lost = 0
     violating_keys = 0
     out_of_place = 0
@@ -368,7 +393,7 @@ def check(records, by_key, n_expected):
 
 
 def verify(db, mock, topic, only_published=False, reader=None):
-    """Consumes every partition of `topic` (or finishes the reader that has been tailing it) and
+    """Consumes every partition of `topic` (a name or a list; or finishes the reader that has been tailing it) and
     checks it against the table: lost (a row that is not in Kafka), duplicates, per-key order,
     and rows the relay left unpublished."""
     by_key, n = expected_order(db, only_published)
@@ -443,15 +468,21 @@ class RssSampler(threading.Thread):
 # Relays under test
 # --------------------------------------------------------------------------------------------
 
+# The baselines: kind -> (script, extra arguments).
+BASELINES = {"seed": ("seed_relay.py", []), "batched": ("batched_relay.py", []),
+             "tuned": ("batched_relay.py", ["--tuned"])}
+
+
 class ExternalRelays:
-    """N processes of seed_relay.py or batched_relay.py; each prints its cumulative published
-    count after every commit."""
+    """N processes of a baseline relay (BASELINES); each prints its cumulative published count
+    after every commit, and (batched_relay.py) the epoch its batch's acks were in."""
 
     def __init__(self, kind, n, dsn, bootstrap):
-        script = BENCH / f"{kind}_relay.py"
-        self.procs = [subprocess.Popen([PYTHON, str(script), dsn, bootstrap], stdout=subprocess.PIPE,
+        script, extra = BASELINES[kind]
+        self.procs = [subprocess.Popen([PYTHON, str(BENCH / script), dsn, bootstrap, *extra], stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True) for _ in range(n)]
         self.counts = [0] * n
+        self.acked = [None] * n
         self.ready = [False] * n
         self.threads = []
         for i, p in enumerate(self.procs):
@@ -461,10 +492,12 @@ class ExternalRelays:
 
     def _read(self, i, p):
         for line in p.stdout:
-            line = line.strip()
-            if line.isdigit():
-                self.counts[i] = int(line)
-            elif line == "ready":
+            fields = line.split()
+            if fields and fields[0].isdigit():
+                self.counts[i] = int(fields[0])
+                if len(fields) > 1:
+                    self.acked[i] = float(fields[1])
+            elif fields == ["ready"]:
                 self.ready[i] = True
 
     def wait_ready(self, timeout=60.0):
@@ -480,6 +513,11 @@ class ExternalRelays:
             if p.poll() is not None and p.returncode != 0:
                 raise RuntimeError(f"baseline relay exited {p.returncode}: {p.stderr.read()[-2000:]}")
         return sum(self.counts)
+
+    def last_ack(self):
+        """Epoch of the last batch's acks over all processes (None if they do not report it)."""
+        acked = [a for a in self.acked if a is not None]
+        return max(acked) if acked else None
 
     def stop(self):
         for p in self.procs:

@@ -2,8 +2,15 @@
 
 from common import median
 
-LABEL = {"outbox": "outbox", "batched": "batched", "seed": "seed-style", "floor": "SQL floor (jit=off)",
-         "outbox_jit_off": "outbox, jit=off (diag.)"}
+LABEL = {"outbox": "outbox", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
+         "batched": "naive batched (ORDER BY created_at LIMIT 200)", "seed": "seed-style",
+         "floor": "SQL floor: the relay's own claim + record (jit=off)",
+         "floor_delete": "SQL floor: claim + DELETE", "floor_update": "SQL floor: claim + 1 UPDATE",
+         "floor_update2": "SQL floor: claim + 2 UPDATEs", "outbox_jit_off": "outbox, jit=off (diag.)"}
+ORDER = list(LABEL)  # table rows: relays in LABEL's order
+# The burst-drain workloads (bench.py BURST_TOPICS) and their titles.
+BURSTS = {"burst_4topic": "Burst, 4 topics, no ANALYZE", "burst_1topic": "Burst, 1 topic, no ANALYZE"}
+DRAINS = {**BURSTS, "drain": "Backlog drain (ANALYZEd)", "hot_keys": "Hot keys (ANALYZEd)"}
 
 
 def _sum(xs):
@@ -29,14 +36,18 @@ def summarize(results):
     w = results.get("workloads", {})
     rtt = results["config"]["rtt_ms"]
     summary = {}
-    for name in ("drain", "hot_keys"):
+    for name in DRAINS:
         rows = []
-        for (system, workers, rt), runs in sorted(_group(w.get(name, []), "system", "workers", "rtt_ms").items()):
+        for (system, workers, rt), runs in sorted(_group(w.get(name, []), "system", "workers", "rtt_ms").items(),
+                                                  key=lambda kv: (ORDER.index(kv[0][0]) if kv[0][0] in ORDER else 99,
+                                                                  kv[0][1], kv[0][2])):
             row = {"system": system, "workers": workers, "rtt_ms": rt, "runs": len(runs),
                    "rate_median": median([r["rate"] for r in runs]),
                    "rates": [r["rate"] for r in runs],
                    "events": runs[0]["events"], "published": [r["published"] for r in runs]}
             row.update(_verify_totals(runs))
+            row["analyzed_during_run"] = _sum(r.get("analyzed_during_run") for r in runs)
+            row["rate_observed_median"] = median([r.get("rate_observed") for r in runs])
             claims = [r["statements"]["claim"]["mean_ms"] for r in runs if r.get("statements")]
             records = [r["statements"]["record"]["mean_ms"] for r in runs if r.get("statements")]
             if claims:
@@ -89,17 +100,44 @@ def summarize(results):
             note = (note + "; " if note else "") + (how or f"median of {runs} runs")
         targets.append({"target": name, "goal": goal, "measured": measured, "met": met, "note": note})
 
+    headline = []
+    for name, title in BURSTS.items():
+        for rt in sorted({r["rtt_ms"] for r in summary.get(name, []) if r["system"] == "outbox"}):
+            o, n_o = drain_rate("outbox", 1, rt, name)
+            t, n_t = drain_rate("tuned", 1, rt, name)
+            if o is None:
+                continue
+            seen = {x["system"]: x.get("rate_observed_median") for x in summary[name]
+                    if x["workers"] == 1 and x["rtt_ms"] == rt}
+            headline.append({"workload": name, "title": title, "rtt_ms": rt, "outbox": o, "tuned": t,
+                             "ratio": round(o / t, 2) if o and t else None, "runs": min(n_o, n_t),
+                             "outbox_observed": seen.get("outbox"), "tuned_observed": seen.get("tuned")})
+            if rt == rtt and t:
+                target(f"{title}: outbox vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
+                       f"{o / t:.2f}x ({o:.0f} vs {t:.0f} events/s)", o / t >= 3, runs=min(n_o, n_t))
+        o5, n5 = drain_rate("outbox", 1, 5, name)
+        o20, n20 = drain_rate("outbox", 1, 20, name)
+        if o5 and o20:
+            target(f"{title}: outbox RTT 20 ms vs RTT 5 ms, one worker", ">= 80%",
+                   f"{100 * o20 / o5:.0f}% ({o20:.0f} vs {o5:.0f} events/s)", o20 / o5 >= 0.8, runs=min(n5, n20))
+        o2, n2 = drain_rate("outbox", 2, rtt, name)
+        o1, n1 = drain_rate("outbox", 1, rtt, name)
+        if o1 and o2:
+            target(f"{title}: outbox 2 workers vs 1 (RTT {rtt} ms)", ">= 1.4x",
+                   f"{o2 / o1:.2f}x ({o2:.0f} vs {o1:.0f} events/s)", o2 / o1 >= 1.4, runs=min(n1, n2))
+    summary["headline"] = headline
+
     ours, n_ours = drain_rate("outbox")
     seed, n_seed = drain_rate("seed")
     batched, n_batched = drain_rate("batched")
     floor, n_floor = drain_rate("floor")
     if ours and seed:
         x = ours / seed
-        target("one worker vs seed-style relay (RTT 5 ms)", ">= 150x", f"{x:.1f}x ({ours:.0f} vs {seed:.0f} events/s)",
-               x >= 150, runs=min(n_ours, n_seed))
+        target("one worker vs seed-style relay (RTT 5 ms)", ">= 300x", f"{x:.1f}x ({ours:.0f} vs {seed:.0f} events/s)",
+               x >= 300, runs=min(n_ours, n_seed))
     if ours and batched:
         x = ours / batched
-        target("one worker vs batched relay, one worker (RTT 5 ms)", ">= 2x",
+        target("one worker vs naive batched relay (ORDER BY created_at LIMIT 200), one worker (RTT 5 ms)", ">= 2x",
                f"{x:.2f}x ({ours:.0f} vs {batched:.0f} events/s)", x >= 2, runs=min(n_ours, n_batched))
     if ours and floor:
         x = ours / floor
@@ -110,7 +148,7 @@ def summarize(results):
         x = hot / ours
         target("hot keys (10 keys) vs many keys (1,000), one worker", ">= 50%",
                f"{100 * x:.0f}% ({hot:.0f} vs {ours:.0f} events/s)", x >= 0.5, runs=min(n_ours, n_hot))
-    ours_runs = [r for name in ("drain", "hot_keys", "burst", "idle_latency") for r in w.get(name, [])
+    ours_runs = [r for name in (*BURSTS, "drain", "hot_keys", "burst", "idle_latency") for r in w.get(name, [])
                  if r["system"].startswith("outbox")]
     if mem:
         ours_runs += mem.get("runs") or [mem]
@@ -170,6 +208,13 @@ def summarize(results):
     if floor and seed:
         diag.append(f"SQL floor = {floor / seed:.0f}x the seed-style relay (the most any relay running these "
                     f"statements one batch at a time could reach)")
+    for name, title in BURSTS.items():
+        o, _ = drain_rate("outbox", 1, rtt, name)
+        for f in ("floor_delete", "floor_update", "floor_update2"):
+            fl, _ = drain_rate(f, 1, 0, name)
+            if o and fl:
+                diag.append(f"{title}: outbox one worker (RTT {rtt} ms) = {100 * o / fl:.0f}% of {LABEL[f]} "
+                            f"({fl:.0f} events/s)")
     summary["diagnostics"] = diag
     return summary, targets
 
@@ -203,7 +248,15 @@ def print_tables(results):
     print()
     print("== Mock cluster check (test/mockbroker/flushbench)")
     print(fb.get("output", "-"))
-    for name, title in (("drain", "Backlog drain"), ("hot_keys", "Hot keys")):
+    if s.get("headline"):
+        print()
+        print("== Headline: outbox vs the tuned batched relay, one worker (events/s, median of runs)")
+        print(table(["workload", "RTT ms", "runs", "outbox", "tuned batched", "ratio (target >= 3x)",
+                     "seen drained from outside: outbox / tuned"],
+                    [[h["title"], h["rtt_ms"], h["runs"], _fmt(h["outbox"]), _fmt(h["tuned"]),
+                      f"{h['ratio']:.2f}x" if h["ratio"] else "-",
+                      f"{_fmt(h.get('outbox_observed'))} / {_fmt(h.get('tuned_observed'))}"] for h in s["headline"]]))
+    for name, title in DRAINS.items():
         rows = s.get(name) or []
         if not rows:
             continue
@@ -282,7 +335,14 @@ def markdown(results):
     """The same tables as print_tables, in Markdown (written to tables.md for RESULTS.md)."""
     s = results.get("summary", {})
     parts = []
-    for name, title in (("drain", "Backlog drain"), ("hot_keys", "Hot keys")):
+    if s.get("headline"):
+        parts.append("### Headline: outbox vs the tuned batched relay, one worker\n\n" + _md(
+            ["workload", "RTT ms", "runs", "outbox events/s", "tuned batched events/s", "ratio (target >= 3x)",
+             "seen drained from outside: outbox / tuned"],
+            [[h["title"], h["rtt_ms"], h["runs"], _fmt(h["outbox"]), _fmt(h["tuned"]),
+              f"{h['ratio']:.2f}x" if h["ratio"] else "-",
+              f"{_fmt(h.get('outbox_observed'))} / {_fmt(h.get('tuned_observed'))}"] for h in s["headline"]]))
+    for name, title in DRAINS.items():
         rows = s.get(name) or []
         if rows:
             parts.append(f"### {title}\n\n" + _md(

@@ -81,3 +81,86 @@ BEGIN
 END
 $proc$;
 """
+
+
+# --------------------------------------------------------------------------------------------
+# Design-independent floors: what any relay of this table shape must pay in SQL, whatever its
+# design, with no Kafka. They run on a table of their own, bench.floor_events: the columns of
+# outbox.events as of 0.1.0 plus order_lsn, its primary key, UNIQUE (event_id) and one partial
+# index on id WHERE status = 'pending' (the least a claim in id order needs); none of the relay's
+# other indexes or checks, so that they do not move when the relay's schema does. Each batch:
+# the tuned baseline's locking claim, then
+#   delete:   DELETE ... WHERE id = ANY(claimed), COMMIT (a relay that keeps no history);
+#   update:   one UPDATE to published, COMMIT (the tuned baseline's shape);
+#   update2:  UPDATE to in_flight, COMMIT, then UPDATE to published, COMMIT (a claim transaction
+#             and a record transaction, the relay's shape of 0.1.0).
+# --------------------------------------------------------------------------------------------
+
+FLOOR_MODES = {"delete": "claim + DELETE", "update": "claim + 1 UPDATE", "update2": "claim + 2 UPDATEs"}
+
+FLOOR_TABLE_SQL = """
+DROP TABLE IF EXISTS bench.floor_events;
+CREATE TABLE bench.floor_events (
+	id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	event_id        uuid        NOT NULL UNIQUE,
+	topic           text        NOT NULL,
+	key             text,
+	lane            smallint    NOT NULL,
+	payload         bytea,
+	headers         jsonb,
+	status          text        NOT NULL DEFAULT 'pending',
+	attempts        integer     NOT NULL DEFAULT 0,
+	next_attempt_at timestamptz NOT NULL DEFAULT now(),
+	last_error      text,
+	created_at      timestamptz NOT NULL DEFAULT now(),
+	claimed_at      timestamptz,
+	published_at    timestamptz,
+	kafka_partition integer,
+	kafka_offset    bigint,
+	order_lsn       pg_lsn      NOT NULL DEFAULT pg_current_wal_insert_lsn()
+) WITH (autovacuum_enabled = false);
+CREATE INDEX floor_events_pending_idx ON bench.floor_events (id) WHERE status = 'pending';
+"""
+
+FLOOR_PROCEDURE_SQL = """
+CREATE OR REPLACE PROCEDURE bench.floor_claim(p_mode text, p_batch int)
+LANGUAGE plpgsql AS $proc$
+DECLARE
+	v_ids bigint[];
+	v_bytes bigint;
+BEGIN
+	LOOP
+		-- The tuned baseline's claim (bench/batched_relay.py --tuned); the payload bytes are read.
+		SELECT array_agg(c.id), sum(octet_length(c.payload))
+		  INTO v_ids, v_bytes
+		  FROM (SELECT id, topic, key, payload, headers
+		          FROM bench.floor_events
+		         WHERE status = 'pending'
+		         ORDER BY id
+		         LIMIT p_batch
+		           FOR UPDATE SKIP LOCKED) c;
+		EXIT WHEN v_ids IS NULL;
+		IF p_mode = 'delete' THEN
+			DELETE FROM bench.floor_events WHERE id = ANY(v_ids);
+		ELSIF p_mode = 'update' THEN
+			UPDATE bench.floor_events SET status = 'published', published_at = now() WHERE id = ANY(v_ids);
+		ELSE
+			UPDATE bench.floor_events SET status = 'in_flight', claimed_at = now() WHERE id = ANY(v_ids);
+			COMMIT;
+			UPDATE bench.floor_events SET status = 'published', published_at = now(),
+			       kafka_partition = 0, kafka_offset = id WHERE id = ANY(v_ids);
+		END IF;
+		COMMIT;
+	END LOOP;
+END
+$proc$;
+"""
+
+
+def floor_load_sql(dataset):
+    """INSERT of the first %(n)s events of bench.<dataset> into bench.floor_events, topics as in
+    common.load (event n to topics[n % len])."""
+    return (f"INSERT INTO bench.floor_events (event_id, topic, key, lane, payload, headers) "
+            f"SELECT s.event_id, (%(topics)s::text[])[1 + s.n %% %(n_topics)s], s.key, "
+            f"abs(hashtext(coalesce(s.key, s.event_id::text))) %% 1024, s.payload, s.headers "
+            f"FROM (SELECT * FROM bench.{dataset} WHERE n <= %(n)s ORDER BY n) s")

@@ -11,12 +11,15 @@ import subprocess
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-WORKLOADS = {"drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead", "memory", "table_health"}
+WORKLOADS = {"burst_4topic", "burst_1topic", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
+             "memory", "table_health"}
+BURST_SYSTEMS = {"outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"}
 
 
 def test_bench_quick_smoke(tmp_path):
     out = tmp_path / "bench-out"
-    p = subprocess.run([str(BENCH / "run"), "--quick", "--no-setup", "--out", str(out)],
+    # The burst workloads at a smoke size (quick runs them at their real size otherwise).
+    p = subprocess.run([str(BENCH / "run"), "--quick", "--no-setup", "--burst-events", "4000", "--out", str(out)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-8000:]
     results = json.loads((out / "results.json").read_text())
@@ -32,7 +35,8 @@ def test_bench_quick_smoke(tmp_path):
     assert sockets["accepted"] > 0 and sockets["nodelay"] == sockets["accepted"], sockets
 
     # Every relay, every verified run: nothing lost, nothing left unpublished, nothing unexpected.
-    runs = [r for name in ("drain", "hot_keys", "burst", "idle_latency") for r in workloads[name]]
+    runs = [r for name in ("burst_4topic", "burst_1topic", "drain", "hot_keys", "burst", "idle_latency")
+            for r in workloads[name]]
     runs += workloads["memory"]["runs"]
     verified = [r for r in runs if r.get("verify")]
     assert len(verified) >= 20
@@ -44,9 +48,21 @@ def test_bench_quick_smoke(tmp_path):
             assert v["duplicates"] == 0 and v["order_violation_keys"] == 0, (r["system"], v)
     assert {r["system"] for r in workloads["drain"]} >= {"outbox", "batched", "seed", "floor"}
 
+    # The burst workloads: every relay and floor ran, on 4 topics and on 1, loaded without
+    # ANALYZE, and the outbox relay's delivery was read back from every topic of the run.
+    for name, n_topics in (("burst_4topic", 4), ("burst_1topic", 1)):
+        assert {r["system"] for r in workloads[name]} == BURST_SYSTEMS, name
+        for r in workloads[name]:
+            assert r["topics"] == n_topics and r["analyze"] is False and r["published"] == r["events"] == 4000, r
+            assert r["analyzed_during_run"] == 0, r
+            assert (r["verify"] is None) == r["system"].startswith("floor"), r
+    headline = results["summary"]["headline"]
+    assert {(h["workload"], h["rtt_ms"]) for h in headline} == {("burst_4topic", 5), ("burst_1topic", 5)}, headline
+    assert all(h["outbox"] and h["tuned"] for h in headline), headline
+
     assert workloads["enqueue_overhead"]["summary"]
     assert workloads["memory"]["memory"]["samples"] > 0 and workloads["memory"]["runs"]
     assert workloads["table_health"]["samples"]
     assert {t["target"] for t in results["targets"]}
-    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png"):
+    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png", "burst_drain.png"):
         assert (out / chart).stat().st_size > 0, chart
