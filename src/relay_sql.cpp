@@ -80,7 +80,7 @@ WITH o AS (
 		           WHEN 'r' THEN CASE WHEN greatest(least(e.attempts, 999999), 0) + 1 >= $6 THEN 'failed' ELSE 'pending' END
 		           WHEN 'x' THEN 'failed'
 		           ELSE 'pending' END,
-		published_at = CASE WHEN o.outcome = 'p' THEN now() END,
+		published_at = CASE WHEN o.outcome = 'p' THEN statement_timestamp() END,
 		kafka_partition = CASE WHEN o.outcome = 'p' THEN o.kafka_partition END,
 		kafka_offset = CASE WHEN o.outcome = 'p' THEN o.kafka_offset END,
 		attempts = CASE WHEN o.outcome = 'r' THEN greatest(least(e.attempts, 999999), 0) + 1 ELSE e.attempts END,
