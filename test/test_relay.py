@@ -68,6 +68,26 @@ def test_publishes_key_value_headers_and_records_partition_offset(mock_cluster, 
     assert w[2] == "idle" and w[3] == 4 and w[6] == "up"
 
 
+def test_published_at_is_not_before_the_broker_acked(mock_cluster, make_relay):
+    # published_at says when the relay learnt of the ack. The broker answers a produce request no
+    # sooner than its RTT after the request, which leaves after the enqueue: so published_at can
+    # not precede created_at + RTT. (The record runs in the claim's transaction, where now() is
+    # the claim's start, before the publish.)
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    pg.sql("SELECT outbox.enqueue('billing', 'warm-up', '{}'::jsonb)")
+    pg.wait_published(1)  # producer connected, topic metadata known
+    mock_cluster.rtt("all", 1000)  # below publish_timeout: acked, slowly
+    try:
+        pg.sql("SELECT outbox.enqueue('billing', 'slow', '{}'::jsonb)")
+        pg.wait_published(2)
+    finally:
+        mock_cluster.rtt("all", 0)
+    gap = pg.value("SELECT extract(epoch FROM published_at - created_at)::float8 FROM outbox.events "
+                   "WHERE key = 'slow'")
+    assert gap >= 1.0, f"published_at is {gap:.3f} s after created_at, before the ack could arrive"
+
+
 def test_rolled_back_business_transaction_publishes_nothing(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap)
     pg.sql("CREATE TABLE invoices (id int PRIMARY KEY, status text)")
