@@ -25,8 +25,12 @@ REVOKE ALL ON FUNCTION outbox.lane_of(text, uuid) FROM PUBLIC;
 -- way, and the update rewrites no table.
 ALTER TABLE outbox.events
 	ADD CONSTRAINT events_lane_of_key_check CHECK (lane = outbox.lane_of(key, event_id)),
+	-- Kafka's legal topic names. (ltrim with the legal characters leaves nothing of a legal name:
+	-- a tenth of the cost of the equivalent regular expression, which every UPDATE of a row, the
+	-- relay's record included, would evaluate.)
 	ADD CONSTRAINT events_topic_check
-		CHECK (topic COLLATE "C" ~ '^[A-Za-z0-9._-]{1,249}$' AND topic NOT IN ('.', '..')),
+		CHECK (octet_length(topic) BETWEEN 1 AND 249 AND topic NOT IN ('.', '..')
+		       AND ltrim(topic, 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-') = ''),
 	ADD CONSTRAINT events_headers_check
 		CHECK (headers IS NULL
 		       OR (jsonb_typeof(headers) = 'object'

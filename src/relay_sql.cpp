@@ -86,9 +86,9 @@ WITH o AS (
 		attempts = CASE WHEN o.outcome = 'r' THEN greatest(least(e.attempts, 999999), 0) + 1 ELSE e.attempts END,
 		last_error = coalesce(o.error, e.last_error),
 		next_attempt_at = CASE o.outcome
-		    WHEN 'r' THEN now() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
+		    WHEN 'r' THEN statement_timestamp() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
 		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
-		    WHEN 'd' THEN now() + make_interval(secs => $9::float8 / 1000.0::float8)
+		    WHEN 'd' THEN statement_timestamp() + make_interval(secs => $9::float8 / 1000.0::float8)
 		    WHEN 'p' THEN NULL
 		    WHEN 'x' THEN NULL
 		    ELSE e.next_attempt_at END
