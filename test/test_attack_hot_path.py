@@ -150,3 +150,48 @@ def test_claim_does_not_walk_a_blocked_keys_backlog(pg):
     read = rows_read(plan[0]["Plan"])
     pg.sql("TRUNCATE outbox.events")
     assert read <= 10 * 100, f"a claim of 100 events read {read} pending-index entries (the blocked backlog)"
+
+
+# --- order_lsn is a WAL position of ONE cluster: a restored queue sorts after new events ------------
+
+def test_queue_moved_to_another_cluster_keeps_each_keys_order(pg):
+    # The queue survives pg_dump (pg_extension_config_dump), with order_lsn as it was: WAL
+    # positions of the old cluster. On a cluster whose WAL is behind them (a fresh one, the usual
+    # target of a dump and restore or a logical copy), a key's new events get lower stamps than
+    # its restored pending ones and go out first; and a restored failed event stops nothing
+    # (failed_event_policy = block_key) because the new events are not "behind" it.
+    pg.sql("TRUNCATE outbox.events")
+    while pg.value("SELECT pg_current_wal_insert_lsn() < '0/9000000'"):  # an old cluster's WAL is far on
+        pg.sql("CREATE TEMP TABLE IF NOT EXISTS wal_filler (x int); INSERT INTO wal_filler VALUES (1); "
+               "SELECT pg_switch_wal()")
+    pg.sql("SELECT outbox.enqueue('billing', 'order-1', 'old-1'::text)")
+    pg.sql("SELECT outbox.enqueue('billing', 'order-1', 'old-2'::text)")
+    pg.sql("SELECT outbox.enqueue('billing', 'order-2', 'old-failed'::text)")
+    pg.sql("UPDATE outbox.events SET status = 'failed', last_error = 'x' WHERE key = 'order-2'")
+    columns = ", ".join(r[0] for r in pg.sql(
+        "SELECT attname FROM pg_attribute WHERE attrelid = 'outbox.events'::regclass AND attnum > 0 "
+        "AND NOT attisdropped ORDER BY attnum"))
+    with PgCluster(settings={"outbox.workers": "0"}) as target:
+        # What the dump's data section does: COPY the rows, set the sequence.
+        with pg.connect() as src, target.connect() as dst:
+            with src.cursor().copy(f"COPY outbox.events ({columns}) TO STDOUT") as out, \
+                    dst.cursor().copy(f"COPY outbox.events ({columns}) FROM STDIN") as into:
+                for chunk in out:
+                    into.write(chunk)
+            dst.execute("SELECT setval('outbox.events_id_seq', %s)",
+                        (src.execute("SELECT last_value FROM outbox.events_id_seq").fetchone()[0],))
+        assert target.value("SELECT pg_current_wal_insert_lsn() < min(order_lsn) FROM outbox.events"), \
+            "precondition: the target's WAL is behind the restored stamps"
+        target.sql("SELECT outbox.enqueue('billing', 'order-1', 'new'::text)")
+        target.sql("SELECT outbox.enqueue('billing', 'order-2', 'new-behind-failed'::text)")
+        order = [r[0] for r in target.sql("SELECT convert_from(payload, 'UTF8') FROM outbox.events "
+                                          "WHERE key = 'order-1' ORDER BY order_lsn, id")]
+        with target.connect() as c:
+            c.execute("PREPARE candidates(integer, integer, integer, boolean, text[], text[]) AS "
+                      + relay_sql("kCandidatesSql"))
+            claimable = {f"{r[3]}:{r[1]}" for r in c.execute("EXECUTE candidates(1, 0, 100, true, NULL, NULL)")}
+            behind_failed = target.value("SELECT id FROM outbox.events WHERE key = 'order-2' AND status = 'pending'")
+    pg.sql("TRUNCATE outbox.events")
+    overtakes_failed = f"order-2:{behind_failed}" in claimable
+    assert (order, overtakes_failed) == (["old-1", "old-2", "new"], False), \
+        f"order-1 would be published as {order}; order-2's new event claimable past its failed one: {overtakes_failed}"
