@@ -76,6 +76,10 @@ class Bench:
     def __init__(self, args):
         self.args = args
         self.sizes = dict(QUICK if args.quick else FULL)
+        # A part of the burst grid (for a targeted run; the full grid is hours).
+        for option, size in (("burst_rtts", "burst_drain_rtts_ms"), ("burst_workers", "burst_drain_workers")):
+            if getattr(args, option):
+                self.sizes[size] = [int(v) for v in getattr(args, option).split(",")]
         if args.health_minutes is not None:
             self.sizes["health_seconds"] = round(args.health_minutes * 60)
         if args.burst_events is not None:
@@ -349,6 +353,8 @@ class Bench:
             for rt in s["burst_drain_rtts_ms"]:
                 for w in s["burst_drain_workers"]:
                     for system in BURST_SYSTEMS:
+                        if self.args.burst_systems and system not in self.args.burst_systems.split(","):
+                            continue
                         if system in FLOOR_SYSTEMS and rt != s["burst_drain_rtts_ms"][0]:
                             continue  # the floors send nothing: RTT is moot
                         cells.append((r, system, w, 0 if system in FLOOR_SYSTEMS else rt))
@@ -888,6 +894,9 @@ def main():
                     help="table_health duration per run (default 20 minutes; --quick 20 s)")
     ap.add_argument("--burst-events", type=int, default=None,
                     help="events per burst_4topic / burst_1topic run (default 100,000)")
+    ap.add_argument("--burst-rtts", default=None, help="burst workloads: RTTs in ms, e.g. 5,20 (default 0,5,20)")
+    ap.add_argument("--burst-workers", default=None, help="burst workloads: worker counts, e.g. 1,2 (default 1,2,4)")
+    ap.add_argument("--burst-systems", default=None, help="burst workloads: relays and floors, e.g. outbox,tuned")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.exit(Bench(args).run())

@@ -529,7 +529,7 @@ PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_m
 bool
 BrokerReachable(Producer *p, int budget_ms) noexcept {
 	auto start = std::chrono::steady_clock::now();
-	while (p->broker_up == 0) {
+	while (p->broker_up != 1) { // down, or a new producer that has not heard from any broker yet
 		long left_ms = budget_ms - MillisSince(start);
 		if (left_ms <= 0 || StopRequested(p->config)) {
 			return false;

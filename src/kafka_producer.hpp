@@ -88,9 +88,9 @@ bool BeginBatch(Producer *producer, int n) noexcept;
 // wait the same), and so does the stop check. Only an optimisation: a topic not looked up here
 // is looked up by librdkafka itself.
 void PrepareTopics(Producer *producer, const char *const *topics, int n_topics, int budget_ms) noexcept;
-// Whether a broker answers: at once true unless the producer last saw every broker down (or a
-// name that does not resolve); then a metadata request asks, in kMetadataLookupMs slices up to
-// budget_ms, ended by the stop check. An answer clears the "down" state.
+// Whether a broker answers: at once true when the producer's last word from the brokers was an
+// ack; otherwise (a new producer, every broker down, a name that does not resolve) a metadata
+// request asks, in kMetadataLookupMs slices up to budget_ms, ended by the stop check.
 bool BrokerReachable(Producer *producer, int budget_ms) noexcept;
 // Enqueues message `index` of the batch. Returns 0, or the librdkafka error that refused it
 // locally (its result is then not waited for). When the queue is full it waits for room, in

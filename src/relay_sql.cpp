@@ -57,13 +57,15 @@ SELECT e.id, e.event_id::text, e.topic, e.key, e.payload,
        CASE WHEN jsonb_typeof(e.headers) = 'object'
             THEN ARRAY(SELECT h.value FROM jsonb_each_text(e.headers) h ORDER BY h.key) END,
        e.headers IS NOT NULL AND jsonb_typeof(e.headers) <> 'object',
-       e.status = 'pending'
+       e.status = 'pending', e.ctid
 FROM outbox.events e
 WHERE e.ctid = ANY ($1::tid[])
 FOR UPDATE OF e SKIP LOCKED
 )SQL";
-// (The last column, not the WHERE clause, says whether the row is still pending: with a status
-// condition the planner may read the partial pending index whole instead of fetching the ctids.)
+// (The status column, not the WHERE clause, says whether the row is still pending: with a status
+// condition the planner may read the partial pending index whole instead of fetching the ctids.
+// A row updated since it was a candidate comes back as its new version, with another ctid: the
+// last column tells, and it counts as not locked.)
 // (Headers that are not an object never reach jsonb_each_text, which would fail the whole claim:
 // the last column flags them, and the row is quarantined.)
 
@@ -412,14 +414,10 @@ OnStopCheck() {
 	}
 }
 
-// Runs a step's statement; `step` names it for the test builds' fault injection.
+// Around a wait that SIGTERM does not end by itself: the grace is counted from its first look at
+// a pending stop.
 void
-Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
-	// statement_timeout is armed by the protocol loop for client commands only: a background
-	// worker's SPI statements run without it unless armed here. (An ERROR leaves both timers to
-	// the recovery block's disable_all_timeouts.)
-	enable_timeout_after(STATEMENT_TIMEOUT, settings.statement_timeout_ms);
-	// The grace is counted from this statement's first look at a pending stop.
+ArmStopCheck() {
 	stop_seen_at = 0;
 #if PG_VERSION_NUM >= 150000
 	if (stop_check_timeout != MAX_TIMEOUTS) {
@@ -427,10 +425,25 @@ Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int
 		                     kStopCheckMs);
 	}
 #endif
-	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
+}
+
+void
+DisarmStopCheck() {
 	if (stop_check_timeout != MAX_TIMEOUTS) {
 		disable_timeout(stop_check_timeout, false);
 	}
+}
+
+// Runs a step's statement; `step` names it for the test builds' fault injection.
+void
+Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
+	// statement_timeout is armed by the protocol loop for client commands only: a background
+	// worker's SPI statements run without it unless armed here. (An ERROR leaves both timers to
+	// the recovery block's disable_all_timeouts.)
+	enable_timeout_after(STATEMENT_TIMEOUT, settings.statement_timeout_ms);
+	ArmStopCheck();
+	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
+	DisarmStopCheck();
 	disable_timeout(STATEMENT_TIMEOUT, false);
 	// A cancel the timer set after the statement's last interrupt check is served here, inside
 	// the step: left pending, the commit would meet it (and skip a synchronous-standby wait).
@@ -620,7 +633,10 @@ LastStepProblem() {
 namespace {
 
 bool claim_open = false; // a claimed batch's transaction is open, waiting for RecordOutcomes
-constexpr int kMaxClaimRounds = 4;
+// Each round passes over at least one more (topic, key) held by a user's session; a user would
+// have to hold the first rows of this many keys, each with a batch's worth of events behind it,
+// to make a claim come back empty.
+constexpr int kMaxClaimRounds = 64;
 constexpr int kMaxPassedOverKeys = 1000;
 
 // Nothing is published before the commits of the transactions that wrote it are durable: an
@@ -628,11 +644,18 @@ constexpr int kMaxPassedOverKeys = 1000;
 // a crash could undo it after its event was published. Every commit the claim saw is in the WAL
 // below the current insert position: flush up to there (a no-op when it already is) and, like a
 // commit, wait for the synchronous standbys.
-void
+// A stop (the timer cancels the standby wait after the grace, as it does a statement) ends the
+// wait: then nothing is published, and the caller lets the batch go. (A pg_cancel_backend of the
+// worker during the wait ends it with a WARNING only, as it ends a commit's: the batch goes out.)
+bool
 FlushBeforePublish() {
 	XLogRecPtr upto = GetXLogInsertRecPtr();
 	XLogFlush(upto);
+	ArmStopCheck();
 	SyncRepWaitForLSN(upto, false);
+	DisarmStopCheck();
+	CHECK_FOR_INTERRUPTS();
+	return !ShutdownRequestPending;
 }
 
 int
@@ -682,10 +705,15 @@ TakeLockedInOrder(SPITupleTable *candidates, int n_candidates, SPITupleTable *lo
 		HeapTuple tuple = candidates->vals[i];
 		int64 id = DatumGetInt64(SPI_getbinval(tuple, candidates->tupdesc, 2, &isnull));
 		int64 *at = static_cast<int64 *>(bsearch(&id, sorted, n_locked, sizeof(int64), CompareIds));
-		// A row no longer pending (changed since it was a candidate) counts as not locked.
-		if (at != nullptr &&
-		    !DatumGetBool(SPI_getbinval(locked->vals[locked_row[at - sorted]], locked->tupdesc, 9, &isnull))) {
-			at = nullptr;
+		// A row changed since it was a candidate (no longer pending, or a new version) counts as
+		// not locked.
+		if (at != nullptr) {
+			HeapTuple row = locked->vals[locked_row[at - sorted]];
+			ItemPointer was = reinterpret_cast<ItemPointer>(DatumGetPointer(SPI_getbinval(tuple, candidates->tupdesc, 1, &isnull)));
+			ItemPointer now = reinterpret_cast<ItemPointer>(DatumGetPointer(SPI_getbinval(row, locked->tupdesc, 10, &isnull)));
+			if (!DatumGetBool(SPI_getbinval(row, locked->tupdesc, 9, &isnull)) || !ItemPointerEquals(was, now)) {
+				at = nullptr;
+			}
 		}
 		bool behind = false;
 		char *topic = nullptr, *key = nullptr;
@@ -773,7 +801,11 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 		EndStep();
 		return TableState::Ready;
 	}
-	FlushBeforePublish();
+	if (!FlushBeforePublish()) {
+		batch->n = 0; // stopping: the rows stay pending, unlocked by the commit
+		EndStep();
+		return TableState::Ready;
+	}
 	// The transaction stays open, holding the rows' locks, until RecordOutcomes. No snapshot is
 	// kept meanwhile: only the transaction's id holds back the xmin horizon, for one publish.
 	SPI_finish();

@@ -53,6 +53,8 @@ def pg():
 
 # --- commit-order locks: one prepared transaction of one key stalls every enqueuing commit --------
 
+@pytest.mark.xfail(strict=True, reason="known gap (README Known gaps): a bulk commit queued for the global "
+                   "commit-order lock behind a prepared transaction holds up every enqueuing commit")
 def test_prepared_single_key_plus_bulk_commit_stalls_unrelated_keys(pg):
     # A prepared transaction that enqueued for ONE key holds the global lock in share mode. A bulk
     # commit (more than max_locks_per_transaction / 2 keys) then queues for it exclusively, and
@@ -123,6 +125,8 @@ def test_four_keys_with_a_held_head_starve_every_other_key(mock_cluster, make_re
 
 # --- claim cost: a blocked key's backlog is walked by every claim ----------------------------------
 
+@pytest.mark.xfail(strict=True, reason="known gap (README Known gaps): the claim walks the pending rows "
+                   "behind a blocked (topic, key)")
 def test_claim_does_not_walk_a_blocked_keys_backlog(pg):
     # A failed event (failed_event_policy = block_key, the default) at the head of a key with a
     # backlog: every claim walks the whole backlog in order_lsn order to find its batch, so the
@@ -154,6 +158,8 @@ def test_claim_does_not_walk_a_blocked_keys_backlog(pg):
 
 # --- order_lsn is a WAL position of ONE cluster: a restored queue sorts after new events ------------
 
+@pytest.mark.xfail(strict=True, reason="known gap (README Upgrading): order_lsn stamps are WAL positions of "
+                   "the cluster that wrote them; a queue copied elsewhere needs the renumbering step")
 def test_queue_moved_to_another_cluster_keeps_each_keys_order(pg):
     # The queue survives pg_dump (pg_extension_config_dump), with order_lsn as it was: WAL
     # positions of the old cluster. On a cluster whose WAL is behind them (a fresh one, the usual
