@@ -532,8 +532,12 @@ BrokerReachable(Producer *p, int budget_ms) noexcept {
 	while (p->broker_up != 1) { // down, or a new producer that has not heard from any broker yet
 		long left_ms = budget_ms - MillisSince(start);
 		if (left_ms <= 0 || StopRequested(p->config)) {
+			if (left_ms <= 0) {
+				p->broker_up = 0; // asked for the whole budget: no broker answers
+			}
 			return false;
 		}
+		rd_kafka_poll(p->rk, 0); // errors and logs meanwhile, on this thread
 		const struct rd_kafka_metadata *md = nullptr;
 		rd_kafka_resp_err_t err =
 		    rd_kafka_metadata(p->rk, 0, nullptr, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));

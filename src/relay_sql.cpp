@@ -69,8 +69,16 @@ FOR UPDATE OF e SKIP LOCKED
 // (Headers that are not an object never reach jsonb_each_text, which would fail the whole claim:
 // the last column flags them, and the row is quarantined.)
 
-// Record: one statement for the batch's rows that changed (a requeued event is left as it is),
-// in the claim's transaction: the rows are still pending and locked by it.
+// Record, in the claim's transaction (the rows are still pending and locked by it): the published
+// events in one narrow statement (the common case: nothing returned, nothing computed per row),
+// then the other outcomes in this one (a requeued event is left as it is).
+const char *const kPublishedSql = R"SQL(
+UPDATE outbox.events e SET status = 'published', published_at = statement_timestamp(),
+       kafka_partition = o.kafka_partition, kafka_offset = o.kafka_offset, next_attempt_at = NULL
+FROM unnest($1::bigint[], $2::int[], $3::bigint[]) AS o(id, kafka_partition, kafka_offset)
+WHERE e.id = o.id AND e.status = 'pending'
+)SQL";
+
 const char *const kRecordSql = R"SQL(
 WITH o AS (
 	SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[])
@@ -150,6 +158,8 @@ Statement lock_stmt = {kLockSql, 1, {TIDARRAYOID}, 0, nullptr};
 // The record statement always runs its generic plan: an index probe per recorded row, right at
 // any batch size (a custom plan of a large batch once chose a sequential scan of the whole
 // table, and the plan cache kept it).
+Statement published_stmt = {kPublishedSql, 3, {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID}, CURSOR_OPT_GENERIC_PLAN,
+                             nullptr};
 Statement record_stmt = {
     kRecordSql, 9,
     {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
@@ -830,9 +840,27 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 		elog(ERROR, "outbox relay: SPI_connect failed");
 	}
 	// Requeued events stay as they are: pending, their lock released by the commit.
-	int n = 0;
+	int n = 0, n_published = 0;
 	for (int i = 0; i < batch.n; i++) {
-		n += outcomes[i] != Outcome::Requeued;
+		n += outcomes[i] != Outcome::Requeued && outcomes[i] != Outcome::Published;
+		n_published += outcomes[i] == Outcome::Published;
+	}
+	if (n_published > 0) {
+		Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n_published));
+		Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n_published));
+		Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n_published));
+		int k = 0;
+		for (int i = 0; i < batch.n; i++) {
+			if (outcomes[i] == Outcome::Published) {
+				ids[k] = Int64GetDatum(batch.events[i].id);
+				partitions[k] = Int32GetDatum(deliveries[i].partition);
+				offsets[k] = Int64GetDatum(deliveries[i].offset);
+				k++;
+			}
+		}
+		Datum values[3] = {ArrayOf(ids, n_published, INT8OID), ArrayOf(partitions, n_published, INT4OID),
+		                   ArrayOf(offsets, n_published, INT8OID)};
+		Execute("record", published_stmt, values, nullptr, SPI_OK_UPDATE);
 	}
 	int failed = 0;
 	if (n > 0) {
@@ -844,7 +872,7 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 		bool *error_nulls = static_cast<bool *>(palloc(sizeof(bool) * n));
 		int k = 0;
 		for (int i = 0; i < batch.n; i++) {
-			if (outcomes[i] == Outcome::Requeued) {
+			if (outcomes[i] == Outcome::Requeued || outcomes[i] == Outcome::Published) {
 				continue;
 			}
 			char kind[2] = {char(outcomes[i]), '\0'};
