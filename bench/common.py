@@ -172,7 +172,8 @@ class Postgres:
         """Mean execution time (ms) and calls of the relay's claim and record statements since the
         last reset (pg_stat_statements)."""
         out = {}
-        for name, prefix in (("claim", "%WITH candidates AS%"), ("record", "%WITH o AS (%")):
+        for name, prefix in (("claim", "%(e.next_attempt_at IS NULL OR e.next_attempt_at <= now())%"),
+                             ("record", "%published_at = statement_timestamp(),%kafka_partition = o.kafka_partition%")):
             row = self.sql("SELECT sum(calls), sum(total_exec_time) / nullif(sum(calls), 0), sum(rows) "
                            "FROM pg_stat_statements WHERE query LIKE %s", (prefix,))[0]
             out[name] = {"calls": int(row[0] or 0), "mean_ms": round(float(row[1]), 2) if row[1] else None}
