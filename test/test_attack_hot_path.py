@@ -4,12 +4,12 @@ a property the change should keep and fails while it does not."""
 import json
 import os
 import re
-import threading
 import uuid
 
 import psycopg
 import pytest
 
+from harness.lock_waits import InThread, waiting_on_lock
 from harness.pg_cluster import PgCluster
 from harness.wait import wait_until
 
@@ -25,24 +25,6 @@ def session(pg, lock_timeout="30s"):
     c = pg.connect()
     c.execute(f"SET lock_timeout = '{lock_timeout}'")
     return c
-
-
-def waiting_on_lock(pg, c):
-    return pg.value("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (c.info.backend_pid,))
-
-
-class InThread:
-    def __init__(self, c, *statements):
-        self.error = None
-        self.thread = threading.Thread(target=self.run, args=(c, statements), daemon=True)
-        self.thread.start()
-
-    def run(self, c, statements):
-        try:
-            for s in statements:
-                c.execute(s)
-        except Exception as e:  # reported by the test
-            self.error = e
 
 
 @pytest.fixture(scope="module")

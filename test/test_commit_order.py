@@ -2,12 +2,12 @@
 transactions committed, whatever order they were enqueued in (DESIGN.md "Commit order").
 Database-level checks, plus one end to end through the relay and the mock cluster."""
 
-import threading
 import uuid
 
 import pytest
 
 from harness.kafka_reader import read_topic
+from harness.lock_waits import InThread, waiting_on_lock
 from harness.pg_cluster import PgCluster
 from harness.wait import wait_until
 
@@ -44,32 +44,6 @@ def published_order(pg, topic, key):
     """The payloads of (topic, key) in the order the relay publishes them."""
     return [r[0] for r in pg.sql("SELECT convert_from(payload, 'UTF8') FROM outbox.events "
                                  "WHERE topic = %s AND key = %s ORDER BY order_lsn, id", (topic, key))]
-
-
-def waiting_on_lock(pg, c):
-    pid = c.info.backend_pid
-    return pg.value("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,))
-
-
-class InThread:
-    """Runs statements on a connection in a thread (they are expected to wait for a lock)."""
-
-    def __init__(self, c, *statements):
-        self.error = None
-        self.thread = threading.Thread(target=self.run, args=(c, statements), daemon=True)
-        self.thread.start()
-
-    def run(self, c, statements):
-        try:
-            for s in statements:
-                c.execute(s)
-        except Exception as e:  # reported by join()
-            self.error = e
-
-    def join(self):
-        self.thread.join(60)
-        assert not self.thread.is_alive(), "statement still running after 60 s"
-        assert self.error is None, f"statement failed: {self.error!r}"
 
 
 def our_locks_of_prepared(pg, gid):
