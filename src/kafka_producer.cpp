@@ -220,7 +220,7 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	own("topic.metadata.propagation.max.ms", std::to_string(config.message_timeout_ms / 2));
 	own("log.queue", "true");
 	// Hold messages while the worker hands the batch over, so that a partition's share does not
-	// leave in two requests (above). SendBatch() then sends at once (linger does not apply
+	// leave in two requests (above). Flush() then sends at once (linger does not apply
 	// during a flush).
 	own("linger.ms", std::to_string(kLingerMs));
 	own("socket.nagle.disable", "true");
@@ -286,11 +286,10 @@ public:
 	Properties properties;        // the configuration the handle was made with
 	int queue_full_wait_left_ms = 0; // of this batch
 	rd_kafka_t *rk = nullptr;
-	rd_kafka_queue_t *main_queue = nullptr;
-	int pipe_fds[2] = {-1, -1};
 	uint32_t generation = 0;
 	std::vector<Delivery> results;
 	int outstanding = 0;
+	int acked = 0;
 	bool fatal = false;
 	std::string fatal_reason;
 	int broker_up = -1;
@@ -325,6 +324,7 @@ OnDelivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) noexcept {
 	d.offset = msg->offset;
 	p->outstanding--;
 	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+		p->acked++;
 		p->broker_up = 1;
 	}
 }
@@ -369,19 +369,11 @@ OnLog(const rd_kafka_t *rk, int level, const char *fac, const char *buf) noexcep
 } // namespace
 
 Producer::~Producer() {
-	if (main_queue) {
-		rd_kafka_queue_destroy(main_queue);
-	}
 	if (rk) {
 		// Give queued messages no further chance: the rows they came from go back to pending.
 		rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		rd_kafka_poll(rk, 0);
 		rd_kafka_destroy(rk);
-	}
-	for (int fd : pipe_fds) {
-		if (fd >= 0) {
-			close(fd);
-		}
 	}
 }
 
@@ -431,18 +423,6 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	// Logs go to the main queue, so they are served by rd_kafka_poll on our thread like
 	// everything else; the log callback then never runs on a librdkafka thread.
 	rd_kafka_set_log_queue(rk, nullptr);
-
-	if (pipe(pipe_fds) != 0) {
-		*error = std::string("pipe: ") + strerror(errno);
-		return false;
-	}
-	for (int fd : pipe_fds) {
-		fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-		fcntl(fd, F_SETFD, FD_CLOEXEC);
-	}
-	main_queue = rd_kafka_queue_get_main(rk);
-	static const char wake_byte = 1;
-	rd_kafka_queue_io_event_enable(main_queue, pipe_fds[1], &wake_byte, 1);
 	return true;
 }
 
@@ -485,6 +465,7 @@ BeginBatch(Producer *p, int n) noexcept {
 		p->generation++;
 		p->results.assign(size_t(n), Delivery{false, false, 0, -1, -1});
 		p->outstanding = 0;
+		p->acked = 0;
 		p->queue_full_wait_left_ms = kQueueFullBudgetMs;
 		return true;
 	} catch (const std::bad_alloc &) {
@@ -587,16 +568,11 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 }
 
 void
-SendBatch(Producer *p, int max_wait_ms) noexcept {
+Flush(Producer *p, int max_wait_ms) noexcept {
 	// While rd_kafka_flush runs, the broker threads send without lingering, and it serves the
 	// delivery reports on this thread. A zero-timeout flush would not do: it can return before
 	// a broker thread wakes up, which then lingers after all.
 	(void)rd_kafka_flush(p->rk, max_wait_ms);
-}
-
-void
-Serve(Producer *p) noexcept {
-	rd_kafka_poll(p->rk, 0);
 }
 
 int
@@ -604,21 +580,14 @@ Outstanding(const Producer *p) noexcept {
 	return p->outstanding;
 }
 
+int
+Acked(const Producer *p) noexcept {
+	return p->acked;
+}
+
 const Delivery &
 Result(const Producer *p, int index) noexcept {
 	return p->results[size_t(index)];
-}
-
-int
-WakeFd(const Producer *p) noexcept {
-	return p->pipe_fds[0];
-}
-
-void
-Drain(Producer *p) noexcept {
-	char buf[256];
-	while (read(p->pipe_fds[0], buf, sizeof(buf)) > 0) {
-	}
 }
 
 bool

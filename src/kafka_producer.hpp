@@ -2,7 +2,7 @@
 // process. The only file that includes rdkafka.h.
 //
 // Threads: librdkafka runs its own threads. None of them ever reaches Postgres code: delivery
-// reports, errors and log lines are served from Serve() on the worker's own thread, and they
+// reports, errors and log lines are served from Flush() on the worker's own thread, and they
 // only write into memory this object owns. The worker reads the results afterwards.
 // Interface: plain data and noexcept functions, so callers that also call Postgres hold no C++
 // objects on their stack.
@@ -96,19 +96,14 @@ bool BrokerReachable(Producer *producer, int budget_ms) noexcept;
 // locally (its result is then not waited for). When the queue is full it waits for room, in
 // slices, at most kQueueFullBudgetMs per batch, and not once the stop check is true.
 int Produce(Producer *producer, int index, const Message &message) noexcept;
-// Sends what is queued at once and waits up to max_wait_ms for its delivery reports (fewer when
-// all are in), serving them on the calling thread.
-void SendBatch(Producer *producer, int max_wait_ms) noexcept;
-// Serves delivery reports, errors and logs on the calling thread; never blocks.
-void Serve(Producer *producer) noexcept;
+// Sends what is queued at once (no lingering meanwhile) and serves delivery reports on the
+// calling thread for up to max_wait_ms (less when all are in).
+void Flush(Producer *producer, int max_wait_ms) noexcept;
 // How many messages of the current batch have no report yet.
 int Outstanding(const Producer *producer) noexcept;
+// How many messages of the current batch were reported appended to their partition.
+int Acked(const Producer *producer) noexcept;
 const Delivery &Result(const Producer *producer, int index) noexcept;
-
-// A descriptor that becomes readable when librdkafka has something to serve (wait on it
-// together with the latch). Drain() empties it.
-int WakeFd(const Producer *producer) noexcept;
-void Drain(Producer *producer) noexcept;
 
 // The idempotent producer hit a fatal error: it must be destroyed and created anew.
 bool IsFatal(const Producer *producer, char *errbuf, size_t errlen) noexcept;

@@ -81,27 +81,21 @@ WHERE e.id = o.id AND e.status = 'pending'
 
 const char *const kRecordSql = R"SQL(
 WITH o AS (
-	SELECT * FROM unnest($1::bigint[], $2::text[], $3::int[], $4::bigint[], $5::text[])
-	         AS o(id, outcome, kafka_partition, kafka_offset, error)
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[]) AS o(id, outcome, error)
 ), updated AS (
 	UPDATE outbox.events e SET
 		status = CASE o.outcome
-		           WHEN 'p' THEN 'published'
-		           WHEN 'r' THEN CASE WHEN greatest(least(e.attempts, 999999), 0) + 1 >= $6 THEN 'failed' ELSE 'pending' END
+		           WHEN 'r' THEN CASE WHEN greatest(least(e.attempts, 999999), 0) + 1 >= $4 THEN 'failed' ELSE 'pending' END
 		           WHEN 'x' THEN 'failed'
 		           ELSE 'pending' END,
-		published_at = CASE WHEN o.outcome = 'p' THEN statement_timestamp() END,
-		kafka_partition = CASE WHEN o.outcome = 'p' THEN o.kafka_partition END,
-		kafka_offset = CASE WHEN o.outcome = 'p' THEN o.kafka_offset END,
+		published_at = NULL, kafka_partition = NULL, kafka_offset = NULL,
 		attempts = CASE WHEN o.outcome = 'r' THEN greatest(least(e.attempts, 999999), 0) + 1 ELSE e.attempts END,
 		last_error = coalesce(o.error, e.last_error),
 		next_attempt_at = CASE o.outcome
-		    WHEN 'r' THEN statement_timestamp() + make_interval(secs => least($8::float8, $7::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
+		    WHEN 'r' THEN statement_timestamp() + make_interval(secs => least($6::float8, $5::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
 		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
-		    WHEN 'd' THEN statement_timestamp() + make_interval(secs => $9::float8 / 1000.0::float8)
-		    WHEN 'p' THEN NULL
-		    WHEN 'x' THEN NULL
-		    ELSE e.next_attempt_at END
+		    WHEN 'd' THEN statement_timestamp() + make_interval(secs => $7::float8 / 1000.0::float8)
+		    ELSE NULL END
 	FROM o
 	WHERE e.id = o.id AND e.status = 'pending'
 	RETURNING e.event_id, e.topic, e.key, e.status, e.attempts, e.last_error
@@ -160,10 +154,8 @@ Statement lock_stmt = {kLockSql, 1, {TIDARRAYOID}, 0, nullptr};
 // table, and the plan cache kept it).
 Statement published_stmt = {kPublishedSql, 3, {INT8ARRAYOID, INT4ARRAYOID, INT8ARRAYOID}, CURSOR_OPT_GENERIC_PLAN,
                              nullptr};
-Statement record_stmt = {
-    kRecordSql, 9,
-    {INT8ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
-    CURSOR_OPT_GENERIC_PLAN, nullptr};
+Statement record_stmt = {kRecordSql, 7, {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
+                         CURSOR_OPT_GENERIC_PLAN, nullptr};
 Statement requeue_stmt = {kRequeueSql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT8OID}, 0, nullptr};
@@ -752,6 +744,29 @@ TakeLockedInOrder(SPITupleTable *candidates, int n_candidates, SPITupleTable *lo
 	batch->n = n;
 }
 
+// Back into the claim's open transaction for one more statement: a new snapshot (READ COMMITTED,
+// as every statement), SPI connected in the caller's memory context.
+void
+ResumeClaimStep(const char *activity) {
+	step_caller_context = CurrentMemoryContext;
+	pgstat_report_activity(STATE_RUNNING, activity);
+	debug_query_string = activity;
+	SetCurrentStatementStartTimestamp();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox relay: SPI_connect failed");
+	}
+}
+
+// Leaves the claim's transaction open, its rows locked, without a snapshot.
+void
+PauseClaimStep() {
+	SPI_finish();
+	PopActiveSnapshot();
+	MemoryContextSwitchTo(step_caller_context);
+	debug_query_string = nullptr;
+}
+
 } // namespace
 
 TableState
@@ -818,56 +833,64 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	}
 	// The transaction stays open, holding the rows' locks, until RecordOutcomes. No snapshot is
 	// kept meanwhile: only the transaction's id holds back the xmin horizon, for one publish.
-	SPI_finish();
-	PopActiveSnapshot();
-	MemoryContextSwitchTo(step_caller_context);
-	debug_query_string = nullptr;
+	PauseClaimStep();
 	claim_open = true;
 	return TableState::Ready;
 }
 
+namespace {
+
+// The published events of `events` (indices into the batch) with their partitions and offsets.
+void
+UpdatePublished(const Batch &batch, const int *events, int n, const kafka::Delivery *deliveries) {
+	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	for (int k = 0; k < n; k++) {
+		ids[k] = Int64GetDatum(batch.events[events[k]].id);
+		partitions[k] = Int32GetDatum(deliveries[events[k]].partition);
+		offsets[k] = Int64GetDatum(deliveries[events[k]].offset);
+	}
+	Datum values[3] = {ArrayOf(ids, n, INT8OID), ArrayOf(partitions, n, INT4OID), ArrayOf(offsets, n, INT8OID)};
+	Execute("record", published_stmt, values, nullptr, SPI_OK_UPDATE);
+}
+
+} // namespace
+
+void
+RecordPublished(const Batch &batch, const int *events, int n, const kafka::Delivery *deliveries) {
+	Assert(claim_open);
+	if (n == 0) {
+		return;
+	}
+	ResumeClaimStep("outbox relay: record");
+	UpdatePublished(batch, events, n, deliveries);
+	PauseClaimStep();
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
+}
+
 int
 RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
-               const char *const *errors, long defer_ms) {
+               const char *const *errors, long defer_ms, const bool *recorded) {
 	Assert(claim_open);
 	claim_open = false;
-	step_caller_context = CurrentMemoryContext;
-	pgstat_report_activity(STATE_RUNNING, "outbox relay: record");
-	debug_query_string = "outbox relay: record";
-	SetCurrentStatementStartTimestamp();
-	PushActiveSnapshot(GetTransactionSnapshot());
-	if (SPI_connect() != SPI_OK_CONNECT) {
-		elog(ERROR, "outbox relay: SPI_connect failed");
-	}
+	ResumeClaimStep("outbox relay: record");
 	// Requeued events stay as they are: pending, their lock released by the commit.
 	int n = 0, n_published = 0;
+	int *published = static_cast<int *>(palloc(sizeof(int) * (batch.n > 0 ? batch.n : 1)));
 	for (int i = 0; i < batch.n; i++) {
 		n += outcomes[i] != Outcome::Requeued && outcomes[i] != Outcome::Published;
-		n_published += outcomes[i] == Outcome::Published;
+		if (outcomes[i] == Outcome::Published && !recorded[i]) {
+			published[n_published++] = i;
+		}
 	}
 	if (n_published > 0) {
-		Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n_published));
-		Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n_published));
-		Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n_published));
-		int k = 0;
-		for (int i = 0; i < batch.n; i++) {
-			if (outcomes[i] == Outcome::Published) {
-				ids[k] = Int64GetDatum(batch.events[i].id);
-				partitions[k] = Int32GetDatum(deliveries[i].partition);
-				offsets[k] = Int64GetDatum(deliveries[i].offset);
-				k++;
-			}
-		}
-		Datum values[3] = {ArrayOf(ids, n_published, INT8OID), ArrayOf(partitions, n_published, INT4OID),
-		                   ArrayOf(offsets, n_published, INT8OID)};
-		Execute("record", published_stmt, values, nullptr, SPI_OK_UPDATE);
+		UpdatePublished(batch, published, n_published, deliveries);
 	}
 	int failed = 0;
 	if (n > 0) {
 		Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
 		Datum *kinds = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-		Datum *partitions = static_cast<Datum *>(palloc(sizeof(Datum) * n));
-		Datum *offsets = static_cast<Datum *>(palloc(sizeof(Datum) * n));
 		Datum *error_texts = static_cast<Datum *>(palloc(sizeof(Datum) * n));
 		bool *error_nulls = static_cast<bool *>(palloc(sizeof(bool) * n));
 		int k = 0;
@@ -878,8 +901,6 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 			char kind[2] = {char(outcomes[i]), '\0'};
 			ids[k] = Int64GetDatum(batch.events[i].id);
 			kinds[k] = CStringGetTextDatum(kind);
-			partitions[k] = Int32GetDatum(deliveries[i].partition);
-			offsets[k] = Int64GetDatum(deliveries[i].offset);
 			error_nulls[k] = errors[i] == nullptr;
 			error_texts[k] = errors[i] ? CStringGetTextDatum(errors[i]) : Datum(0);
 			k++;
@@ -888,10 +909,8 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 		int lbs[1] = {1};
 		Datum error_array = PointerGetDatum(
 		    construct_md_array(error_texts, error_nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
-		Datum values[9] = {ArrayOf(ids, n, INT8OID),
+		Datum values[7] = {ArrayOf(ids, n, INT8OID),
 		                   ArrayOf(kinds, n, TEXTOID),
-		                   ArrayOf(partitions, n, INT4OID),
-		                   ArrayOf(offsets, n, INT8OID),
 		                   error_array,
 		                   Int32GetDatum(settings.max_attempts),
 		                   Int32GetDatum(settings.backoff_base_ms),

@@ -78,10 +78,15 @@ struct LaneSet {
 // pending, unlocked).
 TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued);
 
-// Records every outcome but Requeued in one statement of the claim's transaction and commits it.
-// Returns how many events moved to failed (their ids and errors are logged once here).
+// Records published events (indices into the batch) in the claim's transaction and leaves it
+// open: the worker records a batch's first acks while the rest of it is still in flight.
+void RecordPublished(const Batch &batch, const int *events, int n, const kafka::Delivery *deliveries);
+
+// Records every outcome but Requeued (and the published events `recorded` marks: recorded
+// already) in the claim's transaction and commits it. Returns how many events moved to failed
+// (their ids and errors are logged once here).
 int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
-                   const char *const *errors, long defer_ms);
+                   const char *const *errors, long defer_ms, const bool *recorded);
 
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
 int64 MillisUntilNextRetry(const LaneSet &lanes);

@@ -41,9 +41,9 @@ constexpr int kBrokerProbeBudgetMs = 2000;    // asking a broker that was down w
 // partition got such an error, each is sent again alone (DESIGN.md "Failures"), at most this many
 // per batch; the rest go back to pending without an attempt.
 constexpr int kMaxSoloSendsPerBatch = 100;
-// How long the worker waits inside librdkafka for a batch's reports before its own wait loop
-// (latch, shutdown, postmaster death) takes over; a round trip or a few is the usual case.
-constexpr int kSendWaitMs = 100;
+// The slices of the wait for a batch's reports inside librdkafka's flush: between them the
+// worker checks its latch, postmaster death and interrupts, and records the acks so far.
+constexpr long kFlushSliceMs = 5;
 
 // Per-process state (this process is one relay worker). Static, not on the stack, so the
 // recovery block's longjmp never skips it.
@@ -333,11 +333,57 @@ MaybeCrashAfterAck(const Batch &, const Outcome *) {
 }
 #endif
 
-// Waits, bounded, for the reports of everything the producer holds: on the latch, postmaster
-// death and librdkafka's wake pipe. SIGTERM shortens the wait to kShutdownGraceMs; a cancel is
+// A batch's acks recorded while the rest of it is still in flight: the record statement's time
+// overlaps the broker's round trips instead of following them (DESIGN.md "Publish"). Recorded
+// in the claim's transaction, committed with the rest: a crash or ERROR before the commit leaves
+// them pending, as before.
+struct EarlyRecord {
+	const Batch *batch;
+	const int *indices;  // producer index j is event indices[j]
+	int count;
+	kafka::Delivery *deliveries;
+	bool *recorded;      // per event of the batch
+	int n_recorded;
+};
+
+// Acks are recorded in steps of a sixteenth of the batch, and not fewer than this (a statement
+// per handful of rows would cost more than it overlaps): small steps keep the part left for the
+// final record, after the last report, small.
+constexpr int kMinEarlyRecord = 256;
+
+void
+RecordAcksSoFar(EarlyRecord *r) {
+	if (kafka::Outstanding(producer) == 0 ||
+	    kafka::Acked(producer) - r->n_recorded < Max(kMinEarlyRecord, r->count / 16)) {
+		return; // nothing left to overlap with, or too little to record yet
+	}
+	int *events = static_cast<int *>(palloc(sizeof(int) * r->count));
+	int n = 0;
+	for (int j = 0; j < r->count; j++) {
+		int i = r->indices[j];
+		const kafka::Delivery &d = kafka::Result(producer, j);
+		if (!r->recorded[i] && d.reported && d.err == 0) {
+			r->deliveries[i] = d;
+			events[n++] = i;
+		}
+	}
+	SetWorkerState(slot, WorkerState::Recording);
+	RecordPublished(*r->batch, events, n, r->deliveries);
+	SetWorkerState(slot, WorkerState::Publishing);
+	for (int k = 0; k < n; k++) {
+		r->recorded[events[k]] = true;
+	}
+	r->n_recorded += n;
+	pfree(events);
+}
+
+// Waits, bounded, for the reports of everything the producer holds, in slices of librdkafka's
+// flush (the brokers' threads send without lingering during it, and it serves the reports on
+// this thread); between slices the latch and postmaster death are checked, and `early` (when
+// set) records the acks so far. SIGTERM shortens the wait to kShutdownGraceMs; a cancel is
 // served here (an ERROR: the abort leaves the batch pending). False when reports are missing.
 bool
-AwaitReports(long max_wait_ms) {
+AwaitReports(long max_wait_ms, EarlyRecord *early) {
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), max_wait_ms);
 	bool shutdown_seen = false;
 	while (kafka::Outstanding(producer) > 0) {
@@ -353,13 +399,14 @@ AwaitReports(long max_wait_ms) {
 		if (remaining <= 0) {
 			break;
 		}
-		int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-		                           kafka::WakeFd(producer), remaining, PG_WAIT_EXTENSION);
+		if (early && !shutdown_seen) {
+			RecordAcksSoFar(early);
+		}
+		kafka::Flush(producer, int(Min(remaining, kFlushSliceMs)));
+		int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 0, PG_WAIT_EXTENSION);
 		if (rc & WL_LATCH_SET) {
 			ResetLatch(MyLatch);
 		}
-		kafka::Drain(producer);
-		kafka::Serve(producer);
 		ForwardProducerLog();
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -370,9 +417,11 @@ AwaitReports(long max_wait_ms) {
 // them and waits for their reports; deliveries[indices[j]] gets each result (not reported: not
 // sent, or no report in time). When the producer refuses an event at once, later events of its
 // key are not sent (they would overtake it); a stop request ends the hand-over. Waits at most
-// max_wait_ms for the reports; returns false when some are missing.
+// max_wait_ms for the reports; returns false when some are missing. With `recorded`, acks are
+// recorded while the rest is in flight (and marked there).
 bool
-SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *deliveries, long max_wait_ms) {
+SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *deliveries, long max_wait_ms,
+           bool *recorded) {
 	if (!kafka::BeginBatch(producer, count)) {
 		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory for a relay batch")));
 	}
@@ -400,8 +449,8 @@ SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *d
 			stopped[n_stopped++] = &e;
 		}
 	}
-	kafka::SendBatch(producer, kSendWaitMs);
-	bool complete = AwaitReports(max_wait_ms);
+	EarlyRecord early{&batch, indices, count, deliveries, recorded, 0};
+	bool complete = AwaitReports(max_wait_ms, recorded ? &early : nullptr);
 	for (int j = 0; j < count; j++) {
 		deliveries[indices[j]] = kafka::Result(producer, j);
 	}
@@ -520,7 +569,7 @@ IsolateRefusedBatches(const Batch &batch, Outcome *outcomes, kafka::Delivery *de
 		}
 		tried++;
 		long left_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
-		bool complete = SendEvents(batch, &i, 1, deliveries, left_ms + kPublishWaitMarginMs);
+		bool complete = SendEvents(batch, &i, 1, deliveries, left_ms + kPublishWaitMarginMs, nullptr);
 		TakeResult(i, deliveries[i], outcomes, errors, broker_trouble);
 		DropProducerIfBroken(!complete); // refused alone: fatal again
 		if (!complete) {
@@ -534,9 +583,11 @@ IsolateRefusedBatches(const Batch &batch, Outcome *outcomes, kafka::Delivery *de
 }
 
 // Sends the batch and waits, bounded, for every delivery report. Returns the outcome of each
-// event; errors[i] is set for everything not published.
+// event; errors[i] is set for everything not published; recorded[i] marks the published events
+// recorded already.
 void
-Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors, bool *broker_trouble) {
+Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors, bool *recorded,
+        bool *broker_trouble) {
 	int n = batch.n;
 	// Quarantined rows are never sent, and their key's later events in the batch are not sent
 	// either (they would overtake a row that is about to be failed): those go back untouched.
@@ -563,8 +614,8 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 			to_send[n_send++] = i;
 		}
 	}
-	bool reports_missing =
-	    !SendEvents(batch, to_send, n_send, deliveries, settings.publish_timeout_ms + kPublishWaitMarginMs);
+	bool reports_missing = !SendEvents(batch, to_send, n_send, deliveries,
+	                                   settings.publish_timeout_ms + kPublishWaitMarginMs, recorded);
 	for (int j = 0; j < n_send; j++) {
 		TakeResult(to_send[j], deliveries[to_send[j]], outcomes, errors, broker_trouble);
 	}
@@ -632,13 +683,14 @@ RunBatch(const Batch &batch) {
 	Outcome *outcomes = static_cast<Outcome *>(palloc(sizeof(Outcome) * n));
 	kafka::Delivery *deliveries = static_cast<kafka::Delivery *>(palloc(sizeof(kafka::Delivery) * n));
 	const char **errors = static_cast<const char **>(palloc0(sizeof(char *) * n));
+	bool *recorded = static_cast<bool *>(palloc0(sizeof(bool) * n));
 	bool broker_trouble = false;
 
 	SetWorkerState(slot, WorkerState::Publishing);
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
 	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
 	// ERROR aborts it and leaves them pending.
-	Publish(batch, outcomes, deliveries, errors, &broker_trouble);
+	Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble);
 	MaybeCrashAfterAck(batch, outcomes);
 
 	SetWorkerState(slot, WorkerState::Recording);
@@ -646,7 +698,7 @@ RunBatch(const Batch &batch) {
 	// so that batches of healthy keys do not keep waiting for them.
 	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
 	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
-	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms);
+	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
 
 	uint64 published = 0;
 	const char *first_error = nullptr;
