@@ -106,8 +106,8 @@ class InvoiceProjector:
                     self.apply(event_id, event)
                 if event_id in self.crash_before_commit:
                     self.crash_before_commit.discard(event_id)
-                    # The backend dies with the transaction open: the server rolls it back.
-                    self.ledger.sql("SELECT pg_terminate_backend(%s)", (self.db.info.backend_pid,))
+                    # The backend dies (waited for) with the transaction open: the server rolls it back.
+                    self.ledger.sql("SELECT pg_terminate_backend(%s, 10000)", (self.db.info.backend_pid,))
         except psycopg.OperationalError as e:
             raise Crash(f"connection lost while handling {event_id}") from e
         if event_id in self.crash_after_commit:
