@@ -221,7 +221,7 @@ BEGIN
 			      HINT = 'Name the consuming service, e.g. its Kafka consumer group id.';
 	END IF;
 
-	INSERT INTO outbox.consumed AS c (consumer, event_id)
+	INSERT INTO outbox.consumed (consumer, event_id)
 	VALUES (consume_once.consumer, consume_once.event_id)
 	ON CONFLICT ON CONSTRAINT consumed_pkey DO NOTHING;
 	marked := FOUND;
