@@ -166,3 +166,121 @@ BEGIN
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.lane_of(text, uuid) TO %I', relay_role);
 END
 $$;
+
+-- ---------------------------------------------------------------------------------------------
+-- Consumer-side dedup (README "Consumers: exactly-once effects"). Delivery is at least once; a
+-- consumer that writes to Postgres gets each effect once by marking the event in the same
+-- transaction as the effect: outbox.consume_once(consumer, event_id) is true the first time and
+-- false for a duplicate. The marks are the dedup ledger: kept for outbox.consumed_retention,
+-- then purged (a duplicate arriving later is applied again: the documented trade-off). The
+-- consumer's database may be any database with the extension, without a relay.
+-- ---------------------------------------------------------------------------------------------
+CREATE TABLE outbox.consumed (
+	consumer    text        NOT NULL,
+	event_id    uuid        NOT NULL,
+	consumed_at timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (consumer, event_id),
+	-- What consume_once refuses, for rows written by hand too.
+	CONSTRAINT consumed_consumer_check CHECK (octet_length(consumer) BETWEEN 1 AND 255)
+);
+COMMENT ON TABLE outbox.consumed IS
+	'Consumer dedup ledger: one row per (consumer, event_id) applied; write with outbox.consume_once()';
+-- Retention: the oldest marks first.
+CREATE INDEX consumed_consumed_at_idx ON outbox.consumed (consumed_at);
+-- The ledger belongs with the effects it guards: a dump of the consumer's database keeps it.
+SELECT pg_catalog.pg_extension_config_dump('outbox.consumed', '');
+
+-- True when (consumer, event_id) was not marked yet: the mark is inserted in the caller's
+-- transaction and commits or rolls back with the caller's effects. False for a duplicate. A
+-- session marking the same pair concurrently waits for the first one's transaction (false if it
+-- commits, true if it rolls back); at REPEATABLE READ or SERIALIZABLE that wait ends in a
+-- serialization failure when the first commits (retry the transaction). At READ COMMITTED each
+-- call also removes up to two marks older than outbox.consumed_retention (any consumer's; locked
+-- ones are skipped), so the ledger stays bounded without a scheduler; above READ COMMITTED it
+-- leaves that to outbox.purge_consumed(), since a mark another session purged meanwhile would be
+-- a serialization failure there. SECURITY DEFINER: callers need EXECUTE, no table rights.
+CREATE FUNCTION outbox.consume_once(consumer text, event_id uuid)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	retention interval := current_setting('outbox.consumed_retention')::interval;
+	marked boolean;
+BEGIN
+	IF consume_once.consumer IS NULL OR consume_once.event_id IS NULL THEN
+		RAISE EXCEPTION 'outbox.consume_once(): % must not be NULL',
+			CASE WHEN consume_once.consumer IS NULL THEN 'consumer' ELSE 'event_id' END
+			USING ERRCODE = 'null_value_not_allowed',
+			      HINT = 'Pass the consuming service''s name and the record''s event_id header.';
+	END IF;
+	IF octet_length(consume_once.consumer) NOT BETWEEN 1 AND 255 THEN
+		RAISE EXCEPTION 'outbox.consume_once(): consumer must be 1 to 255 bytes, not %',
+			octet_length(consume_once.consumer)
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Name the consuming service, e.g. its Kafka consumer group id.';
+	END IF;
+
+	INSERT INTO outbox.consumed (consumer, event_id)
+	VALUES (consume_once.consumer, consume_once.event_id)
+	ON CONFLICT ON CONSTRAINT consumed_pkey DO NOTHING;
+	marked := FOUND;
+
+	-- Two per mark: a backlog of expired marks shrinks while consumers run.
+	IF retention > interval '0' AND current_setting('transaction_isolation') = 'read committed' THEN
+		PERFORM outbox.purge_consumed(retention, 2);
+	END IF;
+	RETURN marked;
+END
+$$;
+
+-- Deletes at most batch_size marks older than older_than (NULL: outbox.consumed_retention) and
+-- returns how many; call it until it returns less than batch_size (or let consume_once's
+-- amortized purge keep up). For the consumer database's operator to schedule when consumers
+-- run above READ COMMITTED or stop for a long time. Planned for each call's values: a generic
+-- plan (LIMIT unknown) sorts the whole ledger, which made consume_once's two-row purge grow with
+-- the table (150 us per call at 10,000 marks); with the values it walks consumed_at_idx.
+CREATE FUNCTION outbox.purge_consumed(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+	deleted bigint;
+	retention interval := current_setting('outbox.consumed_retention')::interval;
+BEGIN
+	IF older_than IS NULL THEN
+		IF retention = interval '0' THEN
+			RAISE EXCEPTION 'outbox.purge_consumed() needs older_than while outbox.consumed_retention is 0 (keep forever)'
+				USING ERRCODE = 'null_value_not_allowed',
+				      HINT = 'Pass the window, e.g. outbox.purge_consumed(interval ''30 days'').';
+		END IF;
+		older_than := retention;
+	END IF;
+	IF older_than < interval '0' THEN
+		RAISE EXCEPTION 'older_than must not be negative: %', older_than
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Pass how old a consumer''s mark must be to be deleted, e.g. interval ''30 days''.';
+	END IF;
+	IF batch_size IS NULL OR batch_size < 1 THEN
+		RAISE EXCEPTION 'batch_size must be a positive integer, not %', coalesce(batch_size::text, 'NULL')
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Use a batch of a few thousand rows and call outbox.purge_consumed() again until it returns less.';
+	END IF;
+
+	DELETE FROM outbox.consumed c
+	WHERE c.ctid = ANY (ARRAY(SELECT e.ctid FROM outbox.consumed e
+	                          WHERE e.consumed_at < now() - older_than
+	                          ORDER BY e.consumed_at LIMIT batch_size
+	                          FOR UPDATE SKIP LOCKED));
+	GET DIAGNOSTICS deleted = ROW_COUNT;
+	RETURN deleted;
+END
+$$;
+
+-- Like everything in the schema, nothing for PUBLIC: the operator grants EXECUTE on
+-- consume_once to each consumer role (README "Privileges"); purge_consumed stays with superusers.
+REVOKE ALL ON TABLE outbox.consumed FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.consume_once(text, uuid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.purge_consumed(interval, integer) FROM PUBLIC;

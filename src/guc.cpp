@@ -66,6 +66,13 @@ DefineSettings() {
 	DefineCustomIntVariable("outbox.retention", "How long published events are kept (0: the relay never purges).",
 	                        nullptr, &settings.retention_s, 7 * 24 * 3600, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S,
 	                        nullptr, nullptr, nullptr);
+	// SIGHUP, not per session: consume_once purges with it, and a consumer role must not be able to
+	// shorten the dedup window of the others.
+	DefineCustomIntVariable("outbox.consumed_retention",
+	                        "How long consumers' dedup marks (outbox.consumed) are kept (0: forever).",
+	                        "A duplicate delivered after its mark was purged is applied again.",
+	                        &settings.consumed_retention_s, 30 * 24 * 3600, 0, INT_MAX, PGC_SIGHUP, GUC_UNIT_S,
+	                        nullptr, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.purge_batch_size", "Rows the relay deletes per retention transaction.", nullptr,
 	                        &settings.purge_batch_size, 10000, 1, 1000000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.max_payload_bytes",

@@ -26,6 +26,7 @@ struct Settings {
 	// Retention.
 	int retention_s;
 	int purge_batch_size;
+	int consumed_retention_s; // consumer dedup marks (read by SQL only: outbox.consume_once)
 	// Input limits.
 	int max_payload_bytes;
 	// Privilege: the role the relay's statements run as, and the topics events may name.
