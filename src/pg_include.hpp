@@ -12,6 +12,7 @@ extern "C" {
 #include "access/transam.h"         // FirstNormalObjectId
 #include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
 #include "access/xlog.h"            // XLogFlush, GetXLogInsertRecPtr: durability, commit-order stamps
+#include "access/xlog_internal.h"   // XLogSegmentOffset, page header sizes: the end of the inserted WAL
 #include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
 #include "catalog/pg_class.h"       // RELKIND_RELATION
 #include "catalog/pg_namespace.h"   // NamespaceRelationId

@@ -641,6 +641,20 @@ bool claim_open = false; // a claimed batch's transaction is open, waiting for R
 constexpr int kMaxClaimRounds = 64;
 constexpr int kMaxPassedOverKeys = 1000;
 
+// Where the WAL inserted so far ends: the insert position, or, when that is just past a page
+// header (the last record ended on the page boundary), the boundary itself.
+XLogRecPtr
+InsertedWalEnd() {
+	XLogRecPtr insert = GetXLogInsertRecPtr();
+	if (XLogSegmentOffset(insert, wal_segment_size) == SizeOfXLogLongPHD) {
+		return insert - SizeOfXLogLongPHD;
+	}
+	if (insert % XLOG_BLCKSZ == SizeOfXLogShortPHD && XLogSegmentOffset(insert, wal_segment_size) > XLOG_BLCKSZ) {
+		return insert - SizeOfXLogShortPHD;
+	}
+	return insert;
+}
+
 // Nothing is published before the commits of the transactions that wrote it are durable: an
 // enqueue made with synchronous_commit = off is visible before its commit record is flushed, and
 // a crash could undo it after its event was published. Every commit the claim saw is in the WAL
@@ -649,9 +663,12 @@ constexpr int kMaxPassedOverKeys = 1000;
 // A stop (the timer cancels the standby wait after the grace, as it does a statement) ends the
 // wait: then nothing is published, and the caller lets the batch go. (A pg_cancel_backend of the
 // worker during the wait ends it with a WARNING only, as it ends a commit's: the batch goes out.)
+// (The end of the WAL inserted so far, not GetXLogInsertRecPtr: when the last record ends on a
+// page boundary, that points past the next page's header, which nothing has written yet, and
+// XLogFlush to it fails with "xlog flush request ... is not satisfied".)
 bool
 FlushBeforePublish() {
-	XLogRecPtr upto = GetXLogInsertRecPtr();
+	XLogRecPtr upto = InsertedWalEnd();
 	XLogFlush(upto);
 	ArmStopCheck();
 	SyncRepWaitForLSN(upto, false);

@@ -402,8 +402,15 @@ AwaitReports(long max_wait_ms, EarlyRecord *early) {
 		if (early && !shutdown_seen) {
 			RecordAcksSoFar(early);
 		}
-		kafka::Flush(producer, int(Min(remaining, kFlushSliceMs)));
-		int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 0, PG_WAIT_EXTENSION);
+		long slice = Min(remaining, kFlushSliceMs);
+		TimestampTz flush_start = GetCurrentTimestamp();
+		kafka::Flush(producer, int(slice));
+		// The rest of the slice, should the flush return early with reports still missing (a
+		// producer with nothing left to send): never a busy loop.
+		long rest = kafka::Outstanding(producer) > 0
+		                ? slice - TimestampDifferenceMilliseconds(flush_start, GetCurrentTimestamp())
+		                : 0;
+		int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(rest, 0L), PG_WAIT_EXTENSION);
 		if (rc & WL_LATCH_SET) {
 			ResetLatch(MyLatch);
 		}
