@@ -17,6 +17,7 @@
 #include "kafka_producer.hpp"
 #include "relay_sql.hpp"
 #include "shmem.hpp"
+#include "wait_events.hpp"
 
 namespace outbox {
 
@@ -82,7 +83,7 @@ WaitFor(long ms) {
 	if (ms < 0) {
 		ms = 0;
 	}
-	int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
+	int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, WaitEventOf(WaitPoint::Idle));
 	if (rc & WL_LATCH_SET) {
 		ResetLatch(MyLatch);
 	}
@@ -354,7 +355,7 @@ AwaitReports(long max_wait_ms) {
 			break;
 		}
 		int rc = WaitLatchOrSocket(MyLatch, WL_LATCH_SET | WL_SOCKET_READABLE | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-		                           kafka::WakeFd(producer), remaining, PG_WAIT_EXTENSION);
+		                           kafka::WakeFd(producer), remaining, WaitEventOf(WaitPoint::Publish));
 		if (rc & WL_LATCH_SET) {
 			ResetLatch(MyLatch);
 		}
