@@ -21,6 +21,13 @@ ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso --temp-config=t
 
 PG_CONFIG ?= pg_config
 
+# PostgreSQL 14 to 18 (test/majors builds and tests each). 13 is out of support (November 2025) and
+# no longer built: its branches are gone from the source.
+PG_MAJOR := $(shell $(PG_CONFIG) --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
+ifeq ($(shell test $(PG_MAJOR) -ge 14 -a $(PG_MAJOR) -le 18 && echo ok),)
+$(error outbox supports PostgreSQL 14 to 18; $(PG_CONFIG) reports $(PG_MAJOR) (13 is out of support since November 2025 and no longer built))
+endif
+
 # C++17 with the server's flags; -Wno-register because some server headers still use `register`.
 # ERROR_ON_WARNING=1 (CI) turns warnings into errors.
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-register -Wno-missing-field-initializers
@@ -55,10 +62,3 @@ DEPFLAGS = -MMD -MP -MF .deps/$(notdir $*).d
 	@mkdir -p .deps
 	$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(DEPFLAGS) -c -o $@ $<
 -include $(wildcard .deps/*.d)
-
-# PostgreSQL 14 to 18 (test/majors builds and tests each). 13 is out of support (November 2025) and
-# no longer built: its branches are gone from the source.
-PG_MAJOR := $(shell $(PG_CONFIG) --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
-ifeq ($(shell test $(PG_MAJOR) -ge 14 -a $(PG_MAJOR) -le 18 && echo ok),)
-$(error outbox supports PostgreSQL 14 to 18; $(PG_CONFIG) reports $(PG_MAJOR) (PostgreSQL 13 is out of support since November 2025 and no longer supported))
-endif
