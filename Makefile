@@ -13,13 +13,20 @@ DATA        = $(wildcard sql/outbox--*.sql)
 
 # pg_regress inputs live in sql/ beside the extension scripts (design card); only the names listed
 # here run. The temp instance preloads the library, which `make check` cannot do for PGXS builds.
-REGRESS      = setup enqueue event_id admin views privileges settings table_checks consume upgrade
+REGRESS      = setup enqueue event_id admin views privileges settings reserved_prefix table_checks consume upgrade
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=test/regress.conf --load-extension=outbox
 ISOLATION      = enqueue_same_event_id consume_once_concurrent
 ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso --temp-config=test/regress.conf \
                  --load-extension=outbox
 
 PG_CONFIG ?= pg_config
+
+# PostgreSQL 14 to 18 (test/majors builds and tests each). 13 is out of support (November 2025) and
+# no longer built: its branches are gone from the source.
+PG_MAJOR := $(shell $(PG_CONFIG) --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
+ifeq ($(shell test $(PG_MAJOR) -ge 14 -a $(PG_MAJOR) -le 18 && echo ok),)
+$(error outbox supports PostgreSQL 14 to 18; $(PG_CONFIG) reports $(PG_MAJOR) (13 is out of support since November 2025 and no longer built))
+endif
 
 # C++17 with the server's flags; -Wno-register because some server headers still use `register`.
 # ERROR_ON_WARNING=1 (CI) turns warnings into errors.
@@ -55,9 +62,3 @@ DEPFLAGS = -MMD -MP -MF .deps/$(notdir $*).d
 	@mkdir -p .deps
 	$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(DEPFLAGS) -c -o $@ $<
 -include $(wildcard .deps/*.d)
-
-# PostgreSQL 13 to 18 are what the code is written for; 15 is what CI tests.
-PG_MAJOR := $(shell $(PG_CONFIG) --version | sed 's/^PostgreSQL \([0-9]*\).*/\1/')
-ifeq ($(shell test $(PG_MAJOR) -ge 13 -a $(PG_MAJOR) -le 18 && echo ok),)
-$(error outbox supports PostgreSQL 13 to 18; $(PG_CONFIG) reports $(PG_MAJOR))
-endif

@@ -67,7 +67,10 @@ SELECT created_at > '2001-01-01' AS real_now FROM outbox.events WHERE key = 'evi
 -- The secret-holding setting is superuser-only and hidden.
 SELECT name FROM pg_settings WHERE name = 'outbox.kafka_properties';
 SET ROLE outbox_test_app;
+-- 42501 (insufficient privilege); the message's wording changed in PostgreSQL 15 and 16.
+\set VERBOSITY sqlstate
 SHOW outbox.kafka_properties;
+\set VERBOSITY default
 SELECT count(*) FROM pg_settings WHERE name = 'outbox.kafka_properties';
 SET outbox.max_payload_bytes = '10MB';
 RESET ROLE;

@@ -7,8 +7,8 @@
 //    copies the message into plain buffers, lets the C++ objects die (the catch block ends), and
 //    only then raises the Postgres ERROR.
 //  - No ereport(ERROR) longjmps over a live C++ object: code that calls Postgres keeps plain data
-//    on its stack (palloc'd memory, PODs). Code that owns C++ objects (kafka_producer.cpp,
-//    event_id.cpp) includes no Postgres header (no_postgres.hpp) and exposes noexcept functions.
+//    on its stack (palloc'd memory, PODs). Code that owns C++ objects (kafka_producer.cpp)
+//    includes no Postgres header (no_postgres.hpp) and exposes noexcept functions.
 //  - Never throw inside PG_TRY, never ereport inside a catch block or a destructor.
 #pragma once
 

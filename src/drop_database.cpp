@@ -10,6 +10,7 @@
 #include "boundary.hpp"
 #include "guc.hpp"
 #include "shmem.hpp"
+#include "wait_events.hpp"
 
 extern "C" {
 #include "tcop/utility.h"
@@ -21,7 +22,6 @@ namespace {
 
 constexpr long kStopWaitMs = 10000;
 
-#if PG_VERSION_NUM >= 140000 // PostgreSQL 13's hook lacks read_only_tree: not installed there
 ProcessUtility_hook_type previous_utility_hook = nullptr;
 
 // The pids of the relay workers running now, into pids[kMaxWorkers]; returns how many.
@@ -59,7 +59,8 @@ StopRelayWorkers() {
 		if (!running || GetCurrentTimestamp() >= deadline) {
 			return;
 		}
-		(void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 50, PG_WAIT_EXTENSION);
+		(void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 50,
+		                WaitEventOf(WaitPoint::StopRelay));
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -154,11 +155,8 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 	}
 }
 
-#endif
-
 } // namespace
 
-#if PG_VERSION_NUM >= 140000
 extern "C" {
 static void
 outbox_process_utility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
@@ -168,14 +166,10 @@ outbox_process_utility(PlannedStmt *pstmt, const char *query, bool read_only_tre
 }
 }
 
-#endif
-
 void
 InstallDropDatabaseHook() {
-#if PG_VERSION_NUM >= 140000
 	previous_utility_hook = ProcessUtility_hook;
 	ProcessUtility_hook = outbox_process_utility;
-#endif
 }
 
 } // namespace outbox

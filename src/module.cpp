@@ -1,4 +1,4 @@
-// Module entry: PG_MODULE_MAGIC and _PG_init. _PG_init runs in the postmaster, so it only
+// Module entry: PG_MODULE_MAGIC (PG_MODULE_MAGIC_EXT on 18+) and _PG_init. _PG_init runs in the postmaster, so it only
 // registers things (settings, shared memory, relay workers): no librdkafka, no threads.
 #include "boundary.hpp"
 #include "drop_database.hpp"
@@ -7,7 +7,12 @@
 #include "worker.hpp"
 
 extern "C" {
+#if PG_VERSION_NUM >= 180000
+// Name and version for pg_get_loaded_modules() (18+).
+PG_MODULE_MAGIC_EXT(.name = "outbox", .version = OUTBOX_SCHEMA_VERSION);
+#else
 PG_MODULE_MAGIC;
+#endif
 }
 
 namespace {

@@ -1,5 +1,5 @@
-// Included last by files that own C++ objects with destructors (the librdkafka wrapper, the pure
-// hashing code). They must never see postgres.h: nothing in them may ereport, so nothing can
+// Included last by files that own C++ objects with destructors (the librdkafka wrapper). They
+// must never see postgres.h: nothing in them may ereport, so nothing can
 // longjmp over their objects. The compiler enforces it.
 #pragma once
 

@@ -15,6 +15,7 @@ extern "C" {
 #include "access/xlog_internal.h"   // XLogSegmentOffset, page header sizes: the end of the inserted WAL
 #include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
 #include "catalog/pg_class.h"       // RELKIND_RELATION
+#include "catalog/pg_database.h"    // DatabaseRelationId (16+: object_ownercheck)
 #include "catalog/pg_namespace.h"   // NamespaceRelationId
 #include "catalog/pg_extension.h"   // extversion: the relay waits for ALTER EXTENSION UPDATE
 #include "catalog/indexing.h"
@@ -65,11 +66,11 @@ extern "C" {
 #include "utils/timestamp.h"
 #include "utils/uuid.h"
 #if PG_VERSION_NUM >= 180000
-#include "storage/aio.h"            // pgaio_error_cleanup
+#include "storage/aio_subsys.h"     // pgaio_error_cleanup
 #endif
 }
 
-// PostgreSQL 13 to 18 differ in a few spellings; keep the branches here.
+// PostgreSQL 14 to 18 differ in a few spellings; keep the branches here.
 #if PG_VERSION_NUM >= 160000
 #define OutboxNamespaceAclCheck(nsp, role, mode) object_aclcheck(NamespaceRelationId, nsp, role, mode)
 #define OutboxProcAclCheck(proc, role, mode) object_aclcheck(ProcedureRelationId, proc, role, mode)

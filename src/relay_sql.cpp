@@ -401,7 +401,7 @@ constexpr int64 kStatementStopGraceMs = 2000;
 TimeoutId stop_check_timeout = MAX_TIMEOUTS;
 volatile TimestampTz stop_seen_at = 0;
 
-void
+[[maybe_unused]] void // registered only on 15+ (InitStatementStopCheck)
 OnStopCheck() {
 	if (!ShutdownRequestPending) {
 		return;

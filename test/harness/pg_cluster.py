@@ -22,7 +22,9 @@ def free_port():
 
 
 class PgCluster:
-    def __init__(self, settings=None, database="postgres", create_extension=True, datadir=None):
+    def __init__(self, settings=None, database="postgres", create_extension=True, datadir=None, bindir=None):
+        # bindir: the server's programs (initdb, pg_ctl); default: the first on PATH.
+        self.bindir = bindir
         self.tmp = tempfile.mkdtemp(prefix="outbox-pg-")
         self.datadir = datadir or os.path.join(self.tmp, "data")
         self.port = free_port()
@@ -50,10 +52,13 @@ class PgCluster:
         self.started = False
         self.watch = crash_watch.Registration(self.log_path)
 
+    def program(self, name):
+        return os.path.join(self.bindir, name) if self.bindir else name
+
     # -- lifecycle ---------------------------------------------------------------------------
     def init(self):
         if not os.path.exists(os.path.join(self.datadir, "PG_VERSION")):
-            subprocess.run(["initdb", "-D", self.datadir, "-A", "trust", "-U", "postgres", "--no-sync"],
+            subprocess.run([self.program("initdb"), "-D", self.datadir, "-A", "trust", "-U", "postgres", "--no-sync"],
                            check=True, stdout=subprocess.DEVNULL)
         self.write_conf()
         return self
@@ -65,7 +70,7 @@ class PgCluster:
                 f.write(f"{k} = {v}\n")
 
     def start(self):
-        subprocess.run(["pg_ctl", "-D", self.datadir, "-l", self.log_path, "-w", "-t", "120", "start"],
+        subprocess.run([self.program("pg_ctl"), "-D", self.datadir, "-l", self.log_path, "-w", "-t", "120", "start"],
                        check=True, stdout=subprocess.DEVNULL)
         self.started = True
         return self
@@ -86,7 +91,7 @@ class PgCluster:
 
     def stop(self, mode="fast"):
         if self.started:
-            subprocess.run(["pg_ctl", "-D", self.datadir, "-m", mode, "-w", "-t", "120", "stop"],
+            subprocess.run([self.program("pg_ctl"), "-D", self.datadir, "-m", mode, "-w", "-t", "120", "stop"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             self.started = False
 
