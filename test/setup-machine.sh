@@ -13,6 +13,7 @@ packages=(
 	openjdk-17-jre-headless maven           # the real Kafka broker of the end-to-end tests
 	kcat                                    # handy for looking at topics by hand
 	procps iproute2                         # ps/kill, ss in the harness
+	openssl                                 # the TLS tests' throwaway CA (keytool comes with the JRE)
 )
 
 missing=()

@@ -11,6 +11,7 @@ mutual TLS. Nothing here is meant to be secure: keys are 2048-bit RSA made for o
 """
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -22,6 +23,17 @@ def _run(*cmd):
                          stderr=subprocess.STDOUT, text=True, timeout=120)
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {res.returncode}):\n{res.stdout}")
+
+
+def _keytool():
+    """keytool of the Java that runs the broker ($JAVA_HOME, else the java on PATH)."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+    candidate = os.path.join(os.path.dirname(os.path.realpath(java)), "keytool") if java else ""
+    found = candidate if os.access(candidate, os.X_OK) else shutil.which("keytool")
+    if not found:
+        raise RuntimeError("keytool not found (it comes with the Java runtime: set JAVA_HOME)")
+    return found
 
 
 @dataclass
@@ -71,7 +83,7 @@ class ThrowawayCa:
         needs the trusted-certificate attribute that openssl pkcs12 does not write)."""
         if self._truststore is None:
             path = os.path.join(self.dir, "truststore.p12")
-            _run("keytool", "-importcert", "-noprompt", "-alias", "outbox-test-ca", "-file",
+            _run(_keytool(), "-importcert", "-noprompt", "-alias", "outbox-test-ca", "-file",
                  self.cert_pem, "-keystore", path, "-storetype", "PKCS12",
                  "-storepass", STORE_PASSWORD)
             self._truststore = path
