@@ -160,79 +160,72 @@ def test_publishes_over_tls_with_scram_password_from_a_file(broker, make_relay, 
     assert_no_secret_anywhere(pg)
 
 
-def test_wrong_password_is_misconfigured_without_a_crash_loop_until_fixed(broker, make_relay, secrets_dir):
-    pg = scram_relay(make_relay, broker, secrets_dir, password=WRONG_PASSWORD, backoff_base="100ms",
-                     backoff_max="500ms")
+# A relay whose broker refuses it, in every failure test: the state and last_error it shows,
+# retries with backoff (each retry stamps last_error_at) in one worker process, a few log
+# lines, not one per retry, and events that wait without using up attempts.
+FAILING = dict(backoff_base="100ms", backoff_max="500ms")
+
+
+def assert_refused_sanely(pg, state, error_start, retries=5):
     pid = worker(pg)["pid"]
-    ids = enqueue(pg, 5, prefix="wrong-pw")
-    wait_until(lambda: worker(pg)["state"] == "misconfigured", 60, "misconfigured")
+    ids = enqueue(pg, 3, prefix=f"refused-{uuid.uuid4().hex[:6]}")
+    wait_until(lambda: (worker(pg)["last_error"] or "").startswith(error_start), 60, f"last_error {error_start!r}")
     w = worker(pg)
-    assert w["last_error"].startswith("SASL authentication failed (check sasl.username/password): "), w
-    assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in w["last_error"]
-    assert broker.secure_bootstrap["SCRAM"] in w["last_error"]
+    assert w["state"] == state, w
     start = len(relay_lines(pg))
-    # The worker keeps retrying (each retry stamps last_error_at), with a backoff of at most
-    # 500 ms, yet logs a few lines, not one per retry.
     stamps = set()
-    wait_until(lambda: stamps.add(worker(pg)["last_error_at"]) or len(stamps) >= 6, 120, "six retries")
+    wait_until(lambda: stamps.add(worker(pg)["last_error_at"]) or len(stamps) >= retries, 120, f"{retries} retries")
     lines = relay_lines(pg)[start:]
-    ours = [line for line in lines if "Kafka refused the connection" in line]
+    ours = [line for line in lines if "Kafka refused the connection" in line or "Kafka unavailable" in line]
     assert len(ours) <= 3, "\n".join(lines)
     assert len(lines) <= 15, "\n".join(lines)  # librdkafka's own lines are capped at 10 a minute
-    assert worker(pg)["pid"] == pid, "the worker restarted"
-    assert worker(pg)["published"] == 0
-    assert pg.value("SELECT max(attempts) FROM outbox.events") == 0, "a refused login used up attempts"
-    # The fix: the file, then a reload. The events wait for it and go.
+    assert any(w["last_error"][:60] in line for line in pg.log().splitlines()), "no log line says why"
+    w = worker(pg)
+    assert w["pid"] == pid and w["state"] == state and w["published"] == 0, w
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending' AND attempts = 0 "
+                    "AND event_id = ANY(%s::uuid[])", (ids,)) == len(ids)
+    assert_no_secret_anywhere(pg)
+    return ids, w["last_error"]
+
+
+def test_wrong_password_is_misconfigured_without_a_crash_loop_until_fixed(broker, make_relay, secrets_dir):
+    pg = scram_relay(make_relay, broker, secrets_dir, password=WRONG_PASSWORD, **FAILING)
+    ids, error = assert_refused_sanely(pg, "misconfigured", "SASL authentication failed (check sasl.username/password): ")
+    assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in error
+    assert broker.secure_bootstrap["SCRAM"] in error
+    # The fix: the file, then a reload. The events waited for it and go now.
+    pid = worker(pg)["pid"]
     properties_file(secrets_dir, [f"sasl.password={RELAY_PASSWORD}"])
     pg.reload()
-    pg.wait_published(5, timeout=90)
+    pg.wait_published(len(ids), timeout=90)
     assert worker(pg)["pid"] == pid
-    records = read_topic(broker.secure_bootstrap["SCRAM"], TOPIC, 5, config=reader_config(broker))
+    records = read_topic(broker.secure_bootstrap["SCRAM"], TOPIC, len(ids), config=reader_config(broker))
     assert set(ids) <= {r.event_id for r in records}
     assert_no_secret_anywhere(pg)
 
 
 def test_unknown_ca_is_misconfigured(broker, make_relay, secrets_dir):
     other_ca = ThrowawayCa(os.path.join(secrets_dir, "other-ca"))
-    pg = scram_relay(make_relay, broker, secrets_dir, ca_pem=other_ca.cert_pem)
-    enqueue(pg, 2, prefix="unknown-ca")
-    wait_until(lambda: worker(pg)["state"] == "misconfigured", 60, "misconfigured")
-    error = worker(pg)["last_error"]
-    # OpenSSL's verdict: the broker sends its chain up to the CA, which the relay does not trust.
-    assert error.startswith("TLS: the broker's certificate was not accepted: self-signed certificate in "
-                            "certificate chain (check ssl.ca.location"), error
-    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'") == 2
-    assert_no_secret_anywhere(pg)
+    pg = scram_relay(make_relay, broker, secrets_dir, ca_pem=other_ca.cert_pem, **FAILING)
+    # OpenSSL's verdict: the broker sends its chain up to its CA, which the relay does not trust.
+    assert_refused_sanely(pg, "misconfigured", "TLS: the broker's certificate was not accepted: self-signed "
+                                               "certificate in certificate chain (check ssl.ca.location")
 
 
 def test_expired_broker_certificate_is_misconfigured(broker, make_relay, secrets_dir):
-    pg = scram_relay(make_relay, broker, secrets_dir, listener="EXPIRED")
-    enqueue(pg, 2, prefix="expired")
-    wait_until(lambda: worker(pg)["state"] == "misconfigured", 60, "misconfigured")
-    error = worker(pg)["last_error"]
-    assert error.startswith("TLS: the broker's certificate was not accepted: certificate has expired"), error
-    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'") == 2
-    assert_no_secret_anywhere(pg)
+    pg = scram_relay(make_relay, broker, secrets_dir, listener="EXPIRED", **FAILING)
+    assert_refused_sanely(pg, "misconfigured", "TLS: the broker's certificate was not accepted: certificate has "
+                                               "expired")
 
 
 def test_broker_that_drops_tls_backs_off_and_never_sends_plaintext(broker, make_relay, secrets_dir):
-    # The relay expects TLS on an address where the broker now speaks plaintext (its PLAINTEXT
-    # listener): the handshake is cut off by the other side. That can be a listener going away
-    # as well as a misconfiguration, so the worker backs off and retries; it never falls back to
+    # The relay expects TLS on an address where the broker speaks plaintext (its PLAINTEXT
+    # listener): the other side cuts the handshake off. That can be a listener going away as
+    # well as a misconfiguration, so the worker backs off and retries; it never falls back to
     # plaintext, so nothing is published.
-    pg = scram_relay(make_relay, broker, secrets_dir, bootstrap=broker.bootstrap)
-    pid = worker(pg)["pid"]
-    enqueue(pg, 2, prefix="dropped-tls")
-    wait_until(lambda: (worker(pg)["last_error"] or "").startswith("TLS handshake failed"), 60, "TLS failure")
-    w = worker(pg)
-    assert w["state"] == "backing off", w
-    assert "is the listener TLS?" in w["last_error"] and broker.bootstrap in w["last_error"], w
-    stamps = set()
-    wait_until(lambda: stamps.add(worker(pg)["last_error_at"]) or len(stamps) >= 4, 120, "four retries")
-    assert worker(pg)["pid"] == pid
-    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'") == 2
-    assert [line for line in relay_lines(pg) if "Kafka unavailable" in line][:1], "no log line"
-    assert_no_secret_anywhere(pg)
+    pg = scram_relay(make_relay, broker, secrets_dir, bootstrap=broker.bootstrap, **FAILING)
+    _, error = assert_refused_sanely(pg, "backing off", "TLS handshake failed (is the listener TLS?")
+    assert broker.bootstrap in error
 
 
 def test_password_in_postgresql_conf_is_hidden_from_non_superusers(broker, make_relay):
@@ -268,11 +261,9 @@ def test_mutual_tls_with_an_encrypted_key_whose_password_is_in_the_file(broker, 
 
 def test_mutual_tls_without_a_client_certificate_is_misconfigured(broker, make_relay):
     pg = make_relay(broker.secure_bootstrap["MTLS"],
-                    kafka_properties=f"security.protocol=SSL;ssl.ca.location={broker.ca.cert_pem}")
+                    kafka_properties=f"security.protocol=SSL;ssl.ca.location={broker.ca.cert_pem}", **FAILING)
     pg.wait_workers_running(1)
-    enqueue(pg, 1, prefix="no-client-cert")
-    wait_until(lambda: worker(pg)["state"] == "misconfigured", 60, "misconfigured")
-    assert worker(pg)["last_error"].startswith("TLS: the broker refused the relay's certificate"), worker(pg)
+    assert_refused_sanely(pg, "misconfigured", "TLS: the broker refused the relay's certificate")
 
 
 def test_wrong_key_password_is_misconfigured_and_not_shown(broker, make_relay, secrets_dir):
