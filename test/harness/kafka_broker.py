@@ -10,6 +10,10 @@ machine's Java 17+, in a fresh temp dir, listening on two free loopback ports:
         kb.create_topic("events", partitions=3)   # returns once every partition has a leader
         run_tests(bootstrap=kb.bootstrap)         # "127.0.0.1:PORT"
 
+    # TLS listeners (SECURE_LISTENERS) with a throwaway CA, SCRAM-SHA-512 users, Kafka 3.9:
+    with KafkaBroker(secure=True, scram_users={"relay": "pw"}, release="3.9") as kb:
+        kb.secure_bootstrap["SCRAM"], kb.ca.cert_pem, kb.ca.issue("client", client=True)
+
 Command line (the system /usr/bin/python3 carries Debian's python3-confluent-kafka):
 
     python3 test/harness/kafka_broker.py --smoke   # start, produce 10, consume 10, stop
