@@ -334,6 +334,7 @@ public:
 	void MarkBrokerUp() {
 		broker_up = 1;
 		connect_error = ConnectError{ConnectProblem::None, ""};
+		x509_error.store(0);
 	}
 };
 
