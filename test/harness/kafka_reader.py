@@ -20,13 +20,14 @@ class Record:
         return self.headers.get("event_id")
 
 
-def read_topic(bootstrap, topic, expected, timeout=60.0, settle=False):
+def read_topic(bootstrap, topic, expected, timeout=60.0, settle=False, config=None):
     """All records of every partition of `topic`, from the beginning, once at least `expected`
     have arrived (or the deadline passes). With settle=True, keeps reading until no new record
-    has come for a while after reaching `expected` (to catch duplicates)."""
+    has come for a while after reaching `expected` (to catch duplicates). `config`: more
+    consumer properties (TLS, SASL)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "outbox-test-reader",
                          "enable.auto.commit": False, "enable.partition.eof": False,
-                         "socket.connection.setup.timeout.ms": 5000})
+                         "socket.connection.setup.timeout.ms": 5000, **(config or {})})
     try:
         deadline = time.monotonic() + timeout
         metadata = None

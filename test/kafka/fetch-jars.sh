@@ -5,6 +5,8 @@
 # Usage: fetch-jars.sh [LIBS_DIR]
 #   LIBS_DIR defaults to ${OUTBOX_CACHE:-$HOME/.cache/outbox}/kafka-<version>/libs, where
 #   <version> is the kafka.version property of pom.xml next to this script.
+#   OUTBOX_KAFKA_POM, if set, is the pom to resolve instead of pom.xml next to this script
+#   (pom-3.9.xml: the Kafka 3.9 broker of the SASL/SCRAM tests).
 #   OUTBOX_MAVEN_REPO, if set, is used as Maven's local repository (default: Maven's own,
 #   normally ~/.m2/repository).
 #
@@ -20,7 +22,7 @@ set -euo pipefail
 die() { echo "fetch-jars.sh: error: $*" >&2; exit 1; }
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-pom="$here/pom.xml"
+pom=${OUTBOX_KAFKA_POM:-$here/pom.xml}
 [[ -f $pom ]] || die "missing $pom"
 
 version=$(sed -n 's:.*<kafka.version>\([^<]*\)</kafka.version>.*:\1:p' "$pom" | head -n1)
