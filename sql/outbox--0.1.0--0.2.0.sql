@@ -175,6 +175,15 @@ $$;
 -- then purged (a duplicate arriving later is applied again: the documented trade-off). The
 -- consumer's database may be any database with the extension, without a relay.
 -- ---------------------------------------------------------------------------------------------
+-- The dedup window, read from the library rather than with current_setting(): calling it loads the
+-- library, which refuses to run without shared_preload_libraries; without the preload
+-- outbox.consumed_retention would be a placeholder any session can SET, and '1s' would purge
+-- every consumer's marks.
+CREATE FUNCTION outbox.consumed_retention()
+RETURNS interval
+AS 'MODULE_PATHNAME', 'outbox_consumed_retention'
+LANGUAGE C STABLE PARALLEL SAFE;
+
 CREATE TABLE outbox.consumed (
 	consumer    text        NOT NULL,
 	event_id    uuid        NOT NULL,
@@ -205,7 +214,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-	retention interval := current_setting('outbox.consumed_retention')::interval;
+	retention interval := outbox.consumed_retention();
 	marked boolean;
 BEGIN
 	IF consume_once.consumer IS NULL OR consume_once.event_id IS NULL THEN
@@ -248,7 +257,7 @@ SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
 	deleted bigint;
-	retention interval := current_setting('outbox.consumed_retention')::interval;
+	retention interval := outbox.consumed_retention();
 BEGIN
 	IF older_than IS NULL THEN
 		IF retention = interval '0' THEN
@@ -284,3 +293,4 @@ $$;
 REVOKE ALL ON TABLE outbox.consumed FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.consume_once(text, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.purge_consumed(interval, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION outbox.consumed_retention() FROM PUBLIC;

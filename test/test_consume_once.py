@@ -5,6 +5,7 @@ It crashes twice along the way, then its group's offsets are reset to the beginn
 consumes everything again: every invoice event is applied exactly once. The consumer's cluster
 runs no relay (outbox.workers = 0), like a consumer database elsewhere would."""
 
+import os
 import random
 from collections import Counter, defaultdict
 
@@ -146,3 +147,28 @@ def test_consumed_retention_is_the_operators_setting(make_relay):
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="needs older_than"):
         pg.sql("SELECT outbox.purge_consumed()")
     assert pg.value("SELECT outbox.purge_consumed(interval '1 year')") == 3
+
+
+def test_without_the_preload_consume_once_refuses_and_a_session_cannot_set_the_window(make_relay):
+    """The library is not preloaded any more (removed after CREATE EXTENSION): then
+    outbox.consumed_retention is only a placeholder a consumer role can SET. consume_once must not
+    purge with that ('1s' would delete every consumer's marks and re-apply their events): it
+    fails with the preload error and changes nothing."""
+    pg = make_relay("127.0.0.1:9", workers=0)
+    victim = "5f5149c4-5d91-5747-b479-d84c355ce43d"
+    pg.sql("INSERT INTO outbox.consumed (consumer, event_id, consumed_at) "
+           "VALUES ('victim', %s, now() - interval '1 hour')", (victim,))
+    pg.sql("CREATE ROLE hostile_consumer LOGIN")
+    pg.sql("GRANT USAGE ON SCHEMA outbox TO hostile_consumer")
+    pg.sql("GRANT EXECUTE ON FUNCTION outbox.consume_once(text, uuid) TO hostile_consumer")
+    with open(os.path.join(pg.datadir, "postgresql.conf"), "a") as conf:
+        conf.write("shared_preload_libraries = ''\n")
+    pg.restart()
+
+    with psycopg.connect(host=pg.tmp, port=pg.port, dbname=pg.database, user="hostile_consumer",
+                         autocommit=True) as hostile:
+        hostile.execute("SET outbox.consumed_retention = '1s'")
+        with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState,
+                           match="must be loaded via shared_preload_libraries"):
+            hostile.execute("SELECT outbox.consume_once('hostile', gen_random_uuid())")
+    assert pg.sql("SELECT consumer FROM outbox.consumed") == [("victim",)]
