@@ -395,8 +395,8 @@ SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *d
 		if (behind_refused) {
 			continue;
 		}
-		kafka::Message m{e.topic,   e.key,       size_t(e.key_len), e.payload,       size_t(e.payload_len),
-		                 e.headers, e.n_headers, e.partition,       e.timestamp_ms};
+		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers,
+		                 e.partition, e.timestamp_ms};
 		if (kafka::Produce(producer, j, m) != 0 && e.key) {
 			stopped[n_stopped++] = &e;
 		}
