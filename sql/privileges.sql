@@ -12,9 +12,9 @@ CREATE ROLE outbox_test_monitor;
 
 -- The README's grants, verbatim.
 GRANT USAGE ON SCHEMA outbox TO outbox_test_app;
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid),
-                          outbox.enqueue(text, text, text, jsonb, uuid),
-                          outbox.enqueue(text, text, bytea, jsonb, uuid),
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, text, text, boolean, text, text),
+                          outbox.enqueue(text, text, text, jsonb, uuid, integer, text, text, boolean, text, text),
+                          outbox.enqueue(text, text, bytea, jsonb, uuid, integer, text, text, boolean, text, text),
                           outbox.event_id(text, text),
                           outbox.event_id(uuid, text)
       TO outbox_test_app;

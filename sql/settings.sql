@@ -12,9 +12,13 @@ ALTER SYSTEM SET outbox.publish_timeout = '10ms';
 ALTER SYSTEM SET outbox.on_failed_event = 'drop';
 ALTER SYSTEM SET outbox.workers = 33;
 ALTER SYSTEM SET outbox.batch_size = 0;
+ALTER SYSTEM SET outbox.message_timestamp = 'create';
+ALTER SYSTEM SET outbox.traceparent = '00-00000000000000000000000000000000-b7ad6b7169203331-01';
 SELECT count(*) AS nothing_written FROM pg_file_settings WHERE name LIKE 'outbox.%' AND sourcefile LIKE '%auto.conf';
 -- Superusers can read the secret-holding setting (roles without privileges cannot, see privileges).
 SHOW outbox.kafka_properties;
 -- Relay settings are not per session.
 SET outbox.batch_size = 10;
 SET outbox.workers = 2;
+SET outbox.cloudevents_topics = 'billing.*';
+SET outbox.message_timestamp = 'publish';

@@ -15,6 +15,10 @@ SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 SELECT outbox.enqueue('t', 'k', '{"n": 1}'::jsonb) IS NOT NULL AS works_again;
 SELECT outbox.enqueue('t', NULL, 'unkeyed'::text) IS NOT NULL AS unkeyed;
 UPDATE outbox.events SET status = 'failed', attempts = 10, last_error = 'e' WHERE key IS NULL;
+-- EXECUTE on 0.1.0's enqueue carries over to 0.2.0's (which has more, optional, arguments).
+CREATE ROLE outbox_test_upgrade_app;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid) TO outbox_test_upgrade_app WITH GRANT OPTION;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, bytea, jsonb, uuid) TO outbox_test_upgrade_app;
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
 VALUES (gen_random_uuid(), 't', 'k', 0, '\x00', '{"trace": null}');
 \set VERBOSITY terse
@@ -27,5 +31,16 @@ SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 SELECT topic, key, status, attempts, lane = outbox.lane_of(key, event_id) AS lane_ok FROM outbox.events ORDER BY id;
 SELECT count(*) AS config_tables FROM pg_extension x, unnest(x.extconfig) WHERE x.extname = 'outbox';
 SELECT outbox.enqueue('t', 'k', '{"n": 2}'::jsonb) IS NOT NULL AS enqueues_after_update;
+SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer, p.proconfig,
+       has_function_privilege('outbox_test_upgrade_app', p.oid, 'EXECUTE') AS app,
+       has_function_privilege('outbox_test_upgrade_app', p.oid, 'EXECUTE WITH GRANT OPTION') AS app_grants,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public
+FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND p.proname = 'enqueue'
+ORDER BY p.oid::regprocedure::text;
+SELECT current_setting('outbox_upgrade.enqueue_acl', true) AS left_behind;
+REVOKE ALL ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, text, text, boolean, text, text),
+                       outbox.enqueue(text, text, bytea, jsonb, uuid, integer, text, text, boolean, text, text)
+	FROM outbox_test_upgrade_app CASCADE;
+DROP ROLE outbox_test_upgrade_app;
 -- The extension is not relocatable.
 ALTER EXTENSION outbox SET SCHEMA public;

@@ -1,10 +1,12 @@
 // outbox.enqueue(): validate, insert in the caller's transaction, and wake the relay worker that
 // owns the key when (and only when) that transaction commits.
 #include "boundary.hpp"
+#include "cloudevents.hpp"
 #include "commit_order.hpp"
 #include "guc.hpp"
 #include "kafka_names.hpp"
 #include "shmem.hpp"
+#include "trace_context.hpp"
 
 namespace {
 
@@ -84,9 +86,36 @@ Utf8Of(const char *what, const char *data, int len, int *out_len) {
 	return utf8;
 }
 
+// What enqueue's envelope rules need to know about the headers it was given.
+struct HeaderFacts {
+	bool traceparent;     // a traceparent header (valid: checked here)
+	bool tracestate;      // a tracestate header (valid: checked here)
+	bool envelope_header; // a ce_* or content-type header
+};
+
+bool
+NameIs(const JsonbValue &v, const char *name) {
+	return v.val.string.len == int(strlen(name)) && memcmp(v.val.string.val, name, v.val.string.len) == 0;
+}
+
+// A traceparent or tracestate, from a header, an argument or the session: refused unless valid.
+void
+ValidateTraceValue(const char *what, const char *value, int len, bool traceparent) {
+	const char *problem = traceparent ? outbox::TraceparentProblem(value, size_t(len))
+	                                  : outbox::TracestateProblem(value, size_t(len));
+	if (problem) {
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg("%s is not a valid W3C %s", what, traceparent ? "traceparent" : "tracestate"),
+		                errdetail("%s.", problem),
+		                traceparent ? errhint("Pass the traceparent of the current span, e.g. "
+		                                      "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'.")
+		                            : errhint("Pass key=value members separated by commas, e.g. 'vendor=value'.")));
+	}
+}
+
 // Headers: NULL, or a JSON object whose values are all strings.
 void
-ValidateHeaders(Jsonb *headers, int64 *bytes) {
+ValidateHeaders(Jsonb *headers, int64 *bytes, HeaderFacts *facts) {
 	if (!JB_ROOT_IS_OBJECT(headers) || JB_ROOT_IS_SCALAR(headers)) {
 		InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "headers must be a JSON object of string values", nullptr,
 		             "Pass e.g. '{\"trace_id\": \"abc\"}'::jsonb, or NULL for no headers.");
@@ -95,14 +124,18 @@ ValidateHeaders(Jsonb *headers, int64 *bytes) {
 	JsonbValue v;
 	JsonbIteratorToken token;
 	bool expect_value = false;
+	int trace_field = 0; // 1: the value is a traceparent, 2: a tracestate
 	while ((token = JsonbIteratorNext(&it, &v, true)) != WJB_DONE) {
 		if (token == WJB_KEY) {
-			if (v.val.string.len == int(strlen(outbox::kEventIdHeader)) &&
-			    memcmp(v.val.string.val, outbox::kEventIdHeader, v.val.string.len) == 0) {
+			if (NameIs(v, outbox::kEventIdHeader)) {
 				InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "header \"event_id\" is reserved",
 				             "The relay sets the event_id header on every record itself.",
 				             "Pass the id as the event_id argument instead.");
 			}
+			trace_field = NameIs(v, outbox::kTraceparentHeader) ? 1 : NameIs(v, outbox::kTracestateHeader) ? 2 : 0;
+			facts->traceparent |= trace_field == 1;
+			facts->tracestate |= trace_field == 2;
+			facts->envelope_header |= outbox::cloudevents::IsEnvelopeHeader(v.val.string.val, size_t(v.val.string.len));
 			int ignored;
 			Utf8Of("a header name", v.val.string.val, v.val.string.len, &ignored);
 			// A Kafka record header is framed by two varints (up to 5 bytes each): counted, so
@@ -114,6 +147,10 @@ ValidateHeaders(Jsonb *headers, int64 *bytes) {
 				InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "headers must be a JSON object of string values",
 				             "A header value is not a JSON string.",
 				             "Kafka headers are byte strings: convert numbers and objects to text first.");
+			}
+			if (trace_field != 0) {
+				ValidateTraceValue(trace_field == 1 ? "header \"traceparent\"" : "header \"tracestate\"",
+				                   v.val.string.val, v.val.string.len, trace_field == 1);
 			}
 			int ignored;
 			Utf8Of("a header value", v.val.string.val, v.val.string.len, &ignored);
@@ -156,19 +193,22 @@ PayloadBytes(Datum payload, PayloadKind kind) {
 // INSERT skips the speculative insertion (its conflict pre-check and extra WAL record); should
 // one ever collide, the unique index still refuses it with an error instead of a silent drop.
 // Each in two shapes: with the id and commit-order stamp back (0.2.0), or without (a 0.1.0
-// table, which has no order_lsn, while an upgrade is under way).
+// table, which has no order_lsn, while an upgrade is under way). And with the envelope columns
+// only for an event that uses them (a partition, a CloudEvent), so the others insert as before.
 SPIPlanPtr
-InsertPlan(bool caller_event_id, bool commit_order) {
-	static SPIPlanPtr plans[2][2] = {{nullptr, nullptr}, {nullptr, nullptr}};
-	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0][commit_order ? 1 : 0];
+InsertPlan(bool caller_event_id, bool commit_order, bool envelope) {
+	static SPIPlanPtr plans[2][2][2] = {};
+	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0][commit_order ? 1 : 0][envelope ? 1 : 0];
 	if (plan == nullptr) {
-		Oid types[6] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID};
-		char query[512];
+		Oid types[10] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID, INT4OID, TEXTOID, TEXTOID, TEXTOID};
+		char query[640];
 		snprintf(query, sizeof(query),
-		         "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
-		         "VALUES ($1, $2, $3, $4, $5, $6) %sRETURNING lane%s",
-		         caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "", commit_order ? ", id, order_lsn" : "");
-		SPIPlanPtr p = SPI_prepare(query, 6, types);
+		         "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers%s) "
+		         "VALUES ($1, $2, $3, $4, $5, $6%s) %sRETURNING lane%s",
+		         envelope ? ", target_partition, ce_content_type, ce_type, ce_source" : "",
+		         envelope ? ", $7, $8, $9, $10" : "", caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "",
+		         commit_order ? ", id, order_lsn" : "");
+		SPIPlanPtr p = SPI_prepare(query, envelope ? 10 : 6, types);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
 		}
@@ -176,6 +216,173 @@ InsertPlan(bool caller_event_id, bool commit_order) {
 		plan = p;
 	}
 	return plan;
+}
+
+// enqueue's optional arguments since 0.2.0, after event_id (0.1.0's functions have five).
+enum EnvelopeArg { kPartitionArg = 5, kTraceparentArg, kTracestateArg, kCloudEventsArg, kEventTypeArg, kEventSourceArg };
+
+bool
+ArgGiven(FunctionCallInfo fcinfo, int arg) {
+	return PG_NARGS() > arg && !PG_ARGISNULL(arg);
+}
+
+text *
+OptionalText(FunctionCallInfo fcinfo, int arg) {
+	return ArgGiven(fcinfo, arg) ? PG_GETARG_TEXT_PP(arg) : nullptr;
+}
+
+// What the row carries besides topic, key, payload and headers (README "Envelopes and trace context").
+struct Envelope {
+	bool columns; // the row needs the envelope columns
+	bool partition_null;
+	int32 partition;
+	const char *ce_content_type; // nullptr: not a CloudEvent
+	text *ce_type;               // nullptr: the topic, at publish time
+	text *ce_source;             // nullptr: outbox.cloudevents_source, at publish time
+	Jsonb *trace_headers;        // traceparent (and tracestate) to add to the headers, or nullptr
+};
+
+Jsonb *
+TraceHeaders(const char *traceparent, const char *tracestate, int64 *bytes) {
+	StringInfoData json;
+	initStringInfo(&json);
+	appendStringInfoString(&json, "{\"traceparent\": ");
+	escape_json(&json, traceparent);
+	*bytes += strlen(outbox::kTraceparentHeader) + strlen(traceparent) + kHeaderFramingBytes;
+	if (tracestate && tracestate[0]) {
+		appendStringInfoString(&json, ", \"tracestate\": ");
+		escape_json(&json, tracestate);
+		*bytes += strlen(outbox::kTracestateHeader) + strlen(tracestate) + kHeaderFramingBytes;
+	}
+	appendStringInfoChar(&json, '}');
+	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(json.data)));
+}
+
+// The event's trace context: enqueue's traceparent/tracestate arguments, else its headers' own,
+// else the session's outbox.traceparent/outbox.tracestate (valid: their check hooks saw to it).
+// A tracestate only ever travels with the traceparent it came with.
+Jsonb *
+TraceContext(FunctionCallInfo fcinfo, const HeaderFacts &facts, int64 *bytes) {
+	text *traceparent = OptionalText(fcinfo, kTraceparentArg);
+	text *tracestate = OptionalText(fcinfo, kTracestateArg);
+	if (tracestate && !traceparent) {
+		InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "tracestate needs a traceparent", nullptr,
+		             "Pass the traceparent argument too: a tracestate belongs to the trace its traceparent names.");
+	}
+	if (traceparent) {
+		if (facts.traceparent || facts.tracestate) {
+			InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "the trace context is given twice",
+			             "The traceparent argument is given, and the headers have a traceparent or tracestate too.",
+			             "Pass it one way: the traceparent and tracestate arguments, or the headers.");
+		}
+		ValidateTraceValue("traceparent", VARDATA_ANY(traceparent), VARSIZE_ANY_EXHDR(traceparent), true);
+		if (tracestate) {
+			ValidateTraceValue("tracestate", VARDATA_ANY(tracestate), VARSIZE_ANY_EXHDR(tracestate), false);
+		}
+		return TraceHeaders(text_to_cstring(traceparent), tracestate ? text_to_cstring(tracestate) : nullptr, bytes);
+	}
+	if (facts.tracestate && !facts.traceparent) {
+		InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "header \"tracestate\" needs a traceparent header", nullptr,
+		             "Add the traceparent header: a tracestate belongs to the trace its traceparent names.");
+	}
+	if (facts.traceparent) {
+		return nullptr; // the headers carry it
+	}
+	const char *session_parent = outbox::settings.traceparent, *session_state = outbox::settings.tracestate;
+	if (session_parent == nullptr || session_parent[0] == '\0') {
+		if (session_state && session_state[0]) {
+			InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE, "outbox.tracestate is set but outbox.traceparent is not",
+			             nullptr, "SET outbox.traceparent as well, or RESET outbox.tracestate.");
+		}
+		return nullptr;
+	}
+	return TraceHeaders(session_parent, session_state, bytes);
+}
+
+const char *
+ContentTypeOf(PayloadKind kind) {
+	switch (kind) {
+	case PayloadKind::Jsonb:
+		return outbox::cloudevents::kJsonContentType;
+	case PayloadKind::Text:
+		return outbox::cloudevents::kTextContentType;
+	case PayloadKind::Bytea:
+		break;
+	}
+	return outbox::cloudevents::kBinaryContentType;
+}
+
+// A CloudEvents attribute given to enqueue: not empty, and with a UTF-8 form. Returns its length.
+int
+ValidateAttribute(const char *name, text *value) {
+	if (VARSIZE_ANY_EXHDR(value) == 0) {
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", name),
+		                errhint("Pass a non-empty value, or NULL for the default.")));
+	}
+	int len;
+	Utf8Of(name, VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value), &len);
+	return len;
+}
+
+// Whether the event is a CloudEvent (the cloudevents argument, else outbox.cloudevents_topics),
+// and its attributes. The relay writes the ce_* headers when it publishes it.
+void
+CloudEvent(FunctionCallInfo fcinfo, text *topic, PayloadKind kind, const HeaderFacts &facts, Envelope *env,
+           int64 *bytes) {
+	bool explicit_choice = ArgGiven(fcinfo, kCloudEventsArg);
+	bool cloudevent = explicit_choice ? PG_GETARG_BOOL(kCloudEventsArg)
+	                                  : outbox::TopicListed(outbox::settings.cloudevents_topics, VARDATA_ANY(topic),
+	                                                        VARSIZE_ANY_EXHDR(topic));
+	text *type = OptionalText(fcinfo, kEventTypeArg);
+	text *source = OptionalText(fcinfo, kEventSourceArg);
+	if (!cloudevent) {
+		if (type || source) {
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			                errmsg("event_type and event_source are for CloudEvents, and this event is not one"),
+			                errdetail(explicit_choice ? "The cloudevents argument is false."
+			                                          : "Its topic is not in outbox.cloudevents_topics."),
+			                errhint("Pass cloudevents => true, or list the topic in outbox.cloudevents_topics.")));
+		}
+		return;
+	}
+	if (facts.envelope_header) {
+		InvalidInput(ERRCODE_INVALID_PARAMETER_VALUE,
+		             "a CloudEvent's headers must not be named ce_* or content-type",
+		             "The relay writes the CloudEvents attributes and the content type as those headers itself.",
+		             "Pass the type and source as event_type and event_source, or rename the header.");
+	}
+	int type_len = type ? ValidateAttribute("event_type", type) : VARSIZE_ANY_EXHDR(topic);
+	const char *default_source = outbox::settings.cloudevents_source;
+	int source_len = source ? ValidateAttribute("event_source", source)
+	                        : default_source && default_source[0] ? int(strlen(default_source))
+	                                                              : int(strlen("/outbox/") + strlen(outbox::settings.database));
+	env->ce_content_type = ContentTypeOf(kind);
+	env->ce_type = type;
+	env->ce_source = source;
+	env->columns = true;
+	*bytes += outbox::cloudevents::HeaderBytes(UUID_LEN * 2 + 4, size_t(source_len), size_t(type_len),
+	                                           strlen(env->ce_content_type));
+}
+
+// The optional arguments of 0.2.0's enqueue, checked: nothing is inserted when one is bad.
+Envelope
+EnvelopeOf(FunctionCallInfo fcinfo, text *topic, PayloadKind kind, const HeaderFacts &facts, int64 *bytes) {
+	Envelope env = {};
+	env.partition_null = true;
+	if (ArgGiven(fcinfo, kPartitionArg)) {
+		env.partition = PG_GETARG_INT32(kPartitionArg);
+		if (env.partition < 0) {
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			                errmsg("partition must not be negative, got %d", env.partition),
+			                errhint("Pass a partition of the topic (0 to its partition count - 1), or NULL to let "
+			                        "the key choose.")));
+		}
+		env.partition_null = false;
+		env.columns = true;
+	}
+	env.trace_headers = TraceContext(fcinfo, facts, bytes);
+	CloudEvent(fcinfo, topic, kind, facts, &env, bytes);
+	return env;
 }
 
 Datum
@@ -218,8 +425,15 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	}
 
 	bool headers_null = PG_ARGISNULL(3);
+	HeaderFacts facts = {};
 	if (!headers_null) {
-		ValidateHeaders(PG_GETARG_JSONB_P(3), &bytes);
+		ValidateHeaders(PG_GETARG_JSONB_P(3), &bytes, &facts);
+	}
+	// 0.1.0's functions (five arguments, while an upgrade is under way) know no envelope.
+	Envelope env = {};
+	env.partition_null = true;
+	if (PG_NARGS() > kPartitionArg) {
+		env = EnvelopeOf(fcinfo, topic, kind, facts, &bytes);
 	}
 	if (bytes > outbox::settings.max_payload_bytes) {
 		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -245,18 +459,30 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 
 	int lane = outbox::LaneOfEvent(key ? VARDATA_ANY(key) : nullptr, key ? VARSIZE_ANY_EXHDR(key) : 0, event_id->data);
 
-	Datum values[6] = {UUIDPGetDatum(event_id),
-	                   PointerGetDatum(topic),
-	                   key_null ? Datum(0) : PG_GETARG_DATUM(1),
-	                   Int16GetDatum(int16(lane)),
-	                   PointerGetDatum(payload),
-	                   headers_null ? Datum(0) : PG_GETARG_DATUM(3)};
-	char nulls[6] = {' ', ' ', key_null ? 'n' : ' ', ' ', payload_null ? 'n' : ' ', headers_null ? 'n' : ' '};
+	Datum headers = headers_null ? Datum(0) : PG_GETARG_DATUM(3);
+	if (env.trace_headers) {
+		headers = headers_null ? JsonbPGetDatum(env.trace_headers)
+		                       : DirectFunctionCall2(jsonb_concat, headers, JsonbPGetDatum(env.trace_headers));
+		headers_null = false;
+	}
+	Datum values[10] = {UUIDPGetDatum(event_id),
+	                    PointerGetDatum(topic),
+	                    key_null ? Datum(0) : PG_GETARG_DATUM(1),
+	                    Int16GetDatum(int16(lane)),
+	                    PointerGetDatum(payload),
+	                    headers,
+	                    Int32GetDatum(env.partition),
+	                    env.ce_content_type ? CStringGetTextDatum(env.ce_content_type) : Datum(0),
+	                    PointerGetDatum(env.ce_type),
+	                    PointerGetDatum(env.ce_source)};
+	char nulls[10] = {' ', ' ', key_null ? 'n' : ' ', ' ', payload_null ? 'n' : ' ', headers_null ? 'n' : ' ',
+	                  env.partition_null ? 'n' : ' ', env.ce_content_type ? ' ' : 'n', env.ce_type ? ' ' : 'n',
+	                  env.ce_source ? ' ' : 'n'};
 
 	// Unkeyed events promise no order: nothing to stamp in commit order.
 	bool commit_order = key != nullptr && outbox::CommitOrderTracked();
 	SPI_connect();
-	int rc = SPI_execute_plan(InsertPlan(caller_event_id, commit_order), values, nulls, false, 0);
+	int rc = SPI_execute_plan(InsertPlan(caller_event_id, commit_order, env.columns), values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING) {
 		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
 	}

@@ -1,7 +1,8 @@
 // Definitions of the outbox.* settings. Structural ones need a restart; the rest reload on SIGHUP.
 #include "guc.hpp"
 
-#include "pg_include.hpp"
+#include "boundary.hpp"
+#include "trace_context.hpp"
 
 namespace outbox {
 
@@ -14,6 +15,51 @@ const struct config_enum_entry kFailedEventPolicies[] = {
     {"skip", int(FailedEventPolicy::Skip), false},
     {nullptr, 0, false},
 };
+
+const struct config_enum_entry kMessageTimestamps[] = {
+    {"commit", int(MessageTimestamp::Commit), false},
+    {"publish", int(MessageTimestamp::Publish), false},
+    {nullptr, 0, false},
+};
+
+// The trace context settings hold a valid value or none: a bad one is refused when it is set
+// (SQLSTATE 22023, from the GUC machinery), not later by each enqueue.
+bool
+CheckTraceValue(char **newval, const char *(*problem_of)(const char *, size_t) noexcept, const char *hint) {
+	if (*newval == nullptr || (*newval)[0] == '\0') {
+		return true;
+	}
+	if (const char *problem = problem_of(*newval, strlen(*newval))) {
+		GUC_check_errdetail("%s.", problem);
+		GUC_check_errhint("%s", hint);
+		return false;
+	}
+	return true;
+}
+
+bool
+CheckTraceparent(char **newval, void **, GucSource) {
+	return CheckTraceValue(newval, TraceparentProblem,
+	                       "Set the W3C traceparent of the current span, e.g. "
+	                       "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', or '' for none.");
+}
+
+bool
+CheckTracestate(char **newval, void **, GucSource) {
+	return CheckTraceValue(newval, TracestateProblem,
+	                       "Set the W3C tracestate that goes with outbox.traceparent, e.g. 'vendor=value', or '' "
+	                       "for none.");
+}
+
+extern "C" bool
+outbox_check_traceparent(char **newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_traceparent", CheckTraceparent, newval, extra, source);
+}
+
+extern "C" bool
+outbox_check_tracestate(char **newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_tracestate", CheckTracestate, newval, extra, source);
+}
 
 } // namespace
 
@@ -88,6 +134,26 @@ DefineSettings() {
 	DefineCustomStringVariable("outbox.allowed_topics", "Topics events may name (empty: any topic).",
 	                           "A comma-separated list of topic names; a name ending in * is a prefix.",
 	                           &settings.allowed_topics, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.cloudevents_topics", "Topics whose events are published as CloudEvents.",
+	                           "A comma-separated list of topic names; a name ending in * is a prefix. Empty: none "
+	                           "(enqueue's cloudevents argument still chooses per event). Read by enqueue.",
+	                           &settings.cloudevents_topics, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.cloudevents_source", "CloudEvents source (ce_source) of events that name none.",
+	                           "A URI-reference identifying the producer; empty: /outbox/ followed by outbox.database.",
+	                           &settings.cloudevents_source, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	DefineCustomEnumVariable("outbox.message_timestamp", "Timestamp of the Kafka record.",
+	                         "commit (default): the event's created_at, its enqueuing transaction's start; publish: "
+	                         "the time the relay hands it to the producer.",
+	                         &settings.message_timestamp, int(MessageTimestamp::Commit), kMessageTimestamps,
+	                         PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	// PGC_USERSET: an application's tracing sets them, typically with SET LOCAL per transaction.
+	DefineCustomStringVariable("outbox.traceparent", "W3C traceparent that enqueue puts on the session's events.",
+	                           "Sent as the traceparent header; enqueue's traceparent argument overrides it.",
+	                           &settings.traceparent, "", PGC_USERSET, GUC_NOT_IN_SAMPLE, outbox_check_traceparent,
+	                           nullptr, nullptr);
+	DefineCustomStringVariable("outbox.tracestate", "W3C tracestate that goes with outbox.traceparent.", nullptr,
+	                           &settings.tracestate, "", PGC_USERSET, GUC_NOT_IN_SAMPLE, outbox_check_tracestate,
+	                           nullptr, nullptr);
 	DefineCustomIntVariable("outbox.lock_timeout", "How long a relay statement waits for a row or table lock.",
 	                        "A session holding outbox rows past it makes the step fail; the relay recovers.",
 	                        &settings.lock_timeout_ms, 10000, 1, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
@@ -113,8 +179,13 @@ DefineSettings() {
 bool
 TopicAllowed(const char *topic, int len) {
 	const char *list = settings.allowed_topics;
-	if (list == nullptr || list[0] == '\0') {
-		return true;
+	return list == nullptr || list[0] == '\0' || TopicListed(list, topic, len);
+}
+
+bool
+TopicListed(const char *list, const char *topic, int len) {
+	if (list == nullptr) {
+		return false;
 	}
 	// Entries are trimmed of spaces; "billing.*" allows every topic that starts with "billing.".
 	for (const char *p = list; *p;) {

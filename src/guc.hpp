@@ -5,6 +5,9 @@ namespace outbox {
 
 enum class FailedEventPolicy { BlockKey = 0, Skip = 1 };
 
+// The Kafka record's timestamp (CreateTime): the row's created_at, or the producer's clock.
+enum class MessageTimestamp { Commit = 0, Publish = 1 };
+
 struct Settings {
 	// Relay topology (postmaster start only).
 	char *database;
@@ -32,6 +35,12 @@ struct Settings {
 	// Privilege: the role the relay's statements run as, and the topics events may name.
 	char *relay_role;
 	char *allowed_topics; // "" = any topic; else a comma-separated list of names and prefix*
+	// Envelopes (README "Envelopes and trace context").
+	char *cloudevents_topics; // "" = none; else like allowed_topics: their events are CloudEvents
+	char *cloudevents_source; // ce_source of events that name none ("" = /outbox/<database>)
+	int message_timestamp;    // MessageTimestamp
+	char *traceparent;        // session: W3C trace context captured by enqueue ("" = none)
+	char *tracestate;
 	// Bounds on the relay's own statements.
 	int lock_timeout_ms;
 	int statement_timeout_ms;
@@ -52,5 +61,9 @@ void DefineSettings();
 
 // Whether outbox.allowed_topics lets events name this topic (len bytes, not NUL-terminated).
 bool TopicAllowed(const char *topic, int len);
+
+// Whether a list of names and prefix* (the allowed_topics syntax) names this topic; an empty
+// list names none.
+bool TopicListed(const char *list, const char *topic, int len);
 
 } // namespace outbox

@@ -613,7 +613,8 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 	uintptr_t tag = (uintptr_t(p->generation) << 32) | uintptr_t(uint32_t(index));
 	for (;;) {
 		rd_kafka_resp_err_t err = rd_kafka_producev(
-		    p->rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_KEY(const_cast<void *>(m.key), m.key_len),
+		    p->rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_PARTITION(m.partition), RD_KAFKA_V_TIMESTAMP(m.timestamp_ms),
+		    RD_KAFKA_V_KEY(const_cast<void *>(m.key), m.key_len),
 		    RD_KAFKA_V_VALUE(const_cast<void *>(m.value), m.value_len), RD_KAFKA_V_HEADERS(headers),
 		    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(reinterpret_cast<void *>(tag)),
 		    RD_KAFKA_V_END);
@@ -632,6 +633,7 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 			d.reported = true;
 			d.refused_at_produce = true;
 			d.err = err;
+			d.partition = m.partition;
 			return err;
 		}
 		p->outstanding++;
@@ -703,13 +705,16 @@ Classify(int err) noexcept {
 	case RD_KAFKA_RESP_ERR_TOPIC_EXCEPTION:
 	case RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART:
 	case RD_KAFKA_RESP_ERR__UNKNOWN_TOPIC:
-	case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
 	case RD_KAFKA_RESP_ERR__INVALID_ARG:
 	case RD_KAFKA_RESP_ERR_CLUSTER_AUTHORIZATION_FAILED:
 		return ErrorClass::PerEvent;
 	case RD_KAFKA_RESP_ERR__PURGE_QUEUE:
 	case RD_KAFKA_RESP_ERR__PURGE_INFLIGHT:
 		return ErrorClass::Purged;
+	// Checked against the topic's partition count (the producer's metadata), at produce or,
+	// when the topic was not known yet, once its metadata arrives.
+	case RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION:
+		return ErrorClass::UnknownPartition;
 	// Everything else is about the broker, the connection or the producer (timeouts, transport,
 	// not enough replicas, purged by a fatal error, out-of-order after a rejected predecessor):
 	// the event did nothing wrong and must not use up its attempts.

@@ -27,6 +27,8 @@ struct Message {
 	size_t value_len;
 	const Header *headers;
 	int n_headers;
+	int32_t partition;    // -1: the partitioner picks (by key)
+	int64_t timestamp_ms; // CreateTime in ms since the Unix epoch; 0: now
 };
 
 struct Delivery {
@@ -51,6 +53,9 @@ enum class ErrorClass {
 	// Dropped from the producer's queue, never sent, after another event's fatal error: not
 	// this event's fault, nor the broker's.
 	Purged,
+	// The event names a partition its topic does not have (enqueue's partition argument): the
+	// topic's configuration, not a passing state, so retrying would not help.
+	UnknownPartition,
 };
 
 // Why no broker answers (connect_error.hpp puts librdkafka's reasons in words).

@@ -54,6 +54,7 @@ extern "C" {
 #include "utils/builtins.h"         // text_to_cstring
 #include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/json.h"         // escape_json: trace context headers
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"        // get_relname_relid
 #include "utils/memutils.h"

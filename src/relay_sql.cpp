@@ -2,6 +2,7 @@
 // way it does; the per-key order argument lives in the claim statement's two anti-joins.
 #include "relay_sql.hpp"
 
+#include "cloudevent_headers.hpp"
 #include "guc.hpp"
 #include "kafka_names.hpp"
 
@@ -57,7 +58,8 @@ SELECT e.id, e.event_id::text, e.topic, e.key, e.payload,
        CASE WHEN jsonb_typeof(e.headers) = 'object'
             THEN ARRAY(SELECT h.value FROM jsonb_each_text(e.headers) h ORDER BY h.key) END,
        e.headers IS NOT NULL AND jsonb_typeof(e.headers) <> 'object',
-       e.status = 'pending', e.ctid
+       e.status = 'pending', e.ctid,
+       e.created_at, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
 FROM outbox.events e
 WHERE e.ctid = ANY ($1::tid[])
 FOR UPDATE OF e SKIP LOCKED
@@ -569,6 +571,8 @@ ArrayOf(Datum *elems, int n, Oid type) {
 	return PointerGetDatum(construct_array(elems, n, type, typlen, typbyval, typalign));
 }
 
+void CopyEnvelope(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e);
+
 // Copies one claimed row. A row that cannot be published as it is (only rows not written by
 // enqueue can be like that) gets a quarantine reason instead: it goes to failed, not to Kafka.
 void
@@ -616,6 +620,28 @@ CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 		e.headers[h] = kafka::Header{names[h], header_values[h], size_t(value_lens[h])};
 	}
 	e.headers[n_user] = kafka::Header{kEventIdHeader, e.event_id, strlen(e.event_id)};
+	CopyEnvelope(tuple, desc, e);
+}
+
+// The envelope columns, after the claim's own (README "Envelopes and trace context"): the
+// partition, the record's timestamp and, for a CloudEvent, its ce_* headers.
+void
+CopyEnvelope(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
+	constexpr int kFirst = 11;
+	bool isnull;
+	TimestampTz created_at = DatumGetTimestampTz(SPI_getbinval(tuple, desc, kFirst, &isnull));
+	Datum partition = SPI_getbinval(tuple, desc, kFirst + 1, &isnull);
+	e.partition = isnull ? -1 : DatumGetInt32(partition);
+	e.timestamp_ms = settings.message_timestamp == int(MessageTimestamp::Commit) ? UnixMillis(created_at) : 0;
+	bool bad = false;
+	char *content_type = CopyText(tuple, desc, kFirst + 2, nullptr, &bad);
+	char *type = CopyText(tuple, desc, kFirst + 3, nullptr, &bad);
+	char *source = CopyText(tuple, desc, kFirst + 4, nullptr, &bad);
+	if (bad) {
+		e.quarantine = e.quarantine ? e.quarantine : "quarantined: a CloudEvents attribute is not valid UTF-8";
+	} else if (content_type) {
+		AddCloudEventHeaders(e, content_type, type, source, created_at);
+	}
 }
 
 } // namespace

@@ -16,8 +16,10 @@ struct ClaimedEvent {
 	int key_len;
 	char *payload; // nullptr: tombstone
 	int payload_len;
-	kafka::Header *headers; // user headers, then event_id
+	kafka::Header *headers; // user headers, then event_id (then a CloudEvent's ce_* headers)
 	int n_headers;
+	int32 partition;    // enqueue's partition argument, or -1: the partitioner picks by key
+	int64 timestamp_ms; // the record's CreateTime (outbox.message_timestamp), or 0: the producer's clock
 	// Set when the row cannot be published as it is (written by hand: a JSON null header, bytes
 	// that are not UTF-8, a topic not allowed): it goes to failed with this reason.
 	const char *quarantine;

@@ -460,7 +460,8 @@ SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *d
 		if (behind_refused) {
 			continue;
 		}
-		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers};
+		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers,
+		                 e.partition, e.timestamp_ms};
 		if (kafka::Produce(producer, j, m) != 0 && e.key) {
 			stopped[n_stopped++] = &e;
 		}
@@ -491,6 +492,12 @@ TakeResult(int i, const kafka::Delivery &d, Outcome *outcomes, const char **erro
 	case kafka::ErrorClass::PerEvent:
 	case kafka::ErrorClass::RecordBatch:
 		outcomes[i] = Outcome::Rejected;
+		break;
+	case kafka::ErrorClass::UnknownPartition:
+		// Failed at once, not after outbox.max_attempts: partitions exist or not by the topic's
+		// configuration (README "Partitions").
+		outcomes[i] = Outcome::Quarantined;
+		errors[i] = psprintf("partition %d does not exist in the event's topic (%s)", int(d.partition), errors[i]);
 		break;
 	case kafka::ErrorClass::Purged:
 		break; // another event's fatal error dropped it unsent: pending again at once

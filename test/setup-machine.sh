@@ -9,6 +9,7 @@ packages=(
 	librdkafka-dev                          # the Kafka client the relay embeds (2.0.2 on Debian 12)
 	g++ make                                # C++17 build
 	python3 python3-pytest python3-hypothesis python3-psycopg python3-confluent-kafka   # integration tests
+	python3-pip python3-deprecation         # the CloudEvents SDK below (deprecation: its one dependency)
 	python3-matplotlib                      # the benchmark's charts (its smoke run is a test)
 	openjdk-17-jre-headless maven           # the real Kafka broker of the end-to-end tests
 	kcat                                    # handy for looking at topics by hand
@@ -31,14 +32,21 @@ if command -v mvn >/dev/null; then
 fi
 read -r -a missing <<<"${missing[*]}"
 
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
 if [ "${#missing[@]}" -gt 0 ]; then
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
 	$sudo mkdir -p /etc/postgresql-common
 	grep -qs '^create_main_cluster *= *false' /etc/postgresql-common/createcluster.conf ||
 		echo 'create_main_cluster = false' | $sudo tee -a /etc/postgresql-common/createcluster.conf >/dev/null
 	echo "setup: installing ${missing[*]}"
 	$sudo apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The CloudEvents SDK for Python reads the envelope tests' records back (test/test_envelope.py).
+# Debian 12 has no package of it: from PyPI, pinned, for the system python3 the tests run with.
+cloudevents_sdk="cloudevents==1.13.0"
+if ! /usr/bin/python3 -c 'import cloudevents.kafka' 2>/dev/null; then
+	echo "setup: installing $cloudevents_sdk from PyPI"
+	$sudo /usr/bin/python3 -m pip install --quiet --no-deps --break-system-packages "$cloudevents_sdk"
 fi
 echo "setup: build and test dependencies present"

@@ -151,9 +151,9 @@ def grant_readme_app_rights(pg, role):
     """README "Privileges", the application role, verbatim."""
     query(pg, f"""
         GRANT USAGE ON SCHEMA outbox TO {role};
-        GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid),
-                                  outbox.enqueue(text, text, text, jsonb, uuid),
-                                  outbox.enqueue(text, text, bytea, jsonb, uuid),
+        GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, text, text, boolean, text, text),
+                                  outbox.enqueue(text, text, text, jsonb, uuid, integer, text, text, boolean, text, text),
+                                  outbox.enqueue(text, text, bytea, jsonb, uuid, integer, text, text, boolean, text, text),
                                   outbox.event_id(text, text),
                                   outbox.event_id(uuid, text)
               TO {role}""")

@@ -14,6 +14,8 @@ class Record:
     key: bytes
     value: bytes
     headers: dict
+    timestamp: tuple = None  # (timestamp type, ms): confluent_kafka's Message.timestamp()
+    raw_headers: list = None  # [(name, bytes)] as the record carries them
 
     @property
     def event_id(self):
@@ -60,7 +62,8 @@ def read_topic(bootstrap, topic, expected, timeout=60.0, settle=False, config=No
                     raise RuntimeError(msg.error())
                 quiet_until = None
                 headers = {k: (v.decode() if v is not None else None) for k, v in (msg.headers() or [])}
-                records.append(Record(msg.partition(), msg.offset(), msg.key(), msg.value(), headers))
+                records.append(Record(msg.partition(), msg.offset(), msg.key(), msg.value(), headers,
+                                      msg.timestamp(), list(msg.headers() or [])))
         return records
     finally:
         consumer.close()

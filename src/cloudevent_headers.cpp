@@ -1,0 +1,60 @@
+// CloudEvents headers of a claimed event (cloudevent_headers.hpp).
+#include "cloudevent_headers.hpp"
+
+#include "cloudevents.hpp"
+#include "guc.hpp"
+
+namespace outbox {
+
+namespace {
+
+constexpr int64 kUnixEpochOffsetUs = int64(POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC;
+
+// The source of events that name none: the setting, or one naming the relayed database (a
+// source with the event's id identifies the event, CloudEvents 1.0 "id").
+const char *
+DefaultSource() {
+	static char *derived = nullptr; // outbox.database needs a restart to change
+	if (settings.cloudevents_source && settings.cloudevents_source[0]) {
+		return settings.cloudevents_source;
+	}
+	if (derived == nullptr) {
+		derived = MemoryContextStrdup(TopMemoryContext, psprintf("/outbox/%s", settings.database));
+	}
+	return derived;
+}
+
+kafka::Header
+TextHeader(const char *name, const char *value) {
+	return kafka::Header{name, value, strlen(value)};
+}
+
+} // namespace
+
+int64
+UnixMillis(TimestampTz t) {
+	int64 ms = (t + kUnixEpochOffsetUs) / 1000;
+	return ms > 0 ? ms : 0;
+}
+
+void
+AddCloudEventHeaders(ClaimedEvent &e, const char *content_type, const char *type, const char *source,
+                     TimestampTz created_at) {
+	auto *headers = static_cast<kafka::Header *>(palloc(sizeof(kafka::Header) * (e.n_headers + cloudevents::kHeaderCount)));
+	memcpy(headers, e.headers, sizeof(kafka::Header) * e.n_headers);
+	int n = e.n_headers;
+	char *time = static_cast<char *>(palloc(cloudevents::kTimeLength + 1));
+	cloudevents::FormatTime(created_at + kUnixEpochOffsetUs, time);
+	headers[n++] = TextHeader(cloudevents::kSpecVersionHeader, cloudevents::kSpecVersion);
+	headers[n++] = TextHeader(cloudevents::kIdHeader, e.event_id);
+	headers[n++] = TextHeader(cloudevents::kSourceHeader, source ? source : DefaultSource());
+	headers[n++] = TextHeader(cloudevents::kTypeHeader, type ? type : e.topic);
+	headers[n++] = TextHeader(cloudevents::kTimeHeader, time);
+	if (e.payload != nullptr) {
+		headers[n++] = TextHeader(cloudevents::kContentTypeHeader, content_type);
+	}
+	e.headers = headers;
+	e.n_headers = n;
+}
+
+} // namespace outbox

@@ -1,0 +1,19 @@
+// The relay's half of CloudEvents (cloudevents.hpp): the ce_* and content-type headers of a
+// claimed CloudEvent, from its row, written when it is published. Plain palloc'd data.
+#pragma once
+
+#include "relay_sql.hpp"
+
+namespace outbox {
+
+// Milliseconds since the Unix epoch (a Kafka record's timestamp); 0 (the producer's clock) for
+// a time before it.
+int64 UnixMillis(TimestampTz t);
+
+// Appends the envelope to e.headers: ce_specversion 1.0, ce_id = event_id, ce_source (`source`,
+// else outbox.cloudevents_source, else /outbox/<outbox.database>), ce_type (`type`, else the
+// topic), ce_time = created_at, and content-type unless the event is a tombstone (no data).
+void AddCloudEventHeaders(ClaimedEvent &e, const char *content_type, const char *type, const char *source,
+                          TimestampTz created_at);
+
+} // namespace outbox

@@ -1,0 +1,178 @@
+"""Envelopes (README "Envelopes and trace context"): CloudEvents read back from a real broker with
+the CloudEvents SDK for Python, W3C trace context headers, explicit partitions, the record's
+timestamp; a partition the topic lacks on the mock cluster."""
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from cloudevents.kafka import KafkaMessage, from_binary
+from confluent_kafka import TIMESTAMP_CREATE_TIME
+
+from harness.kafka_broker import KafkaBroker
+from harness.kafka_reader import read_topic
+from harness.wait import wait_until
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+OTHER_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+SOURCE = "https://billing.example.com/outbox"
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    with KafkaBroker() as kb:
+        for topic in ("env.ce.invoices", "env.plain", "env.trace", "env.partition", "env.time-commit",
+                      "env.time-publish"):
+            kb.create_topic(topic, partitions=3)
+        yield kb
+
+
+def by_event_id(records):
+    return {r.event_id: r for r in records}
+
+
+def cloudevent(record, data_unmarshaller=None):
+    """The record as the SDK reads a binary-mode CloudEvent."""
+    message = KafkaMessage(headers=dict(record.raw_headers), key=record.key, value=record.value)
+    return from_binary(message, data_unmarshaller=data_unmarshaller)
+
+
+def created_at(pg, event_id):
+    return pg.value("SELECT created_at FROM outbox.events WHERE event_id = %s", (event_id,))
+
+
+def test_cloudevents_binary_mode_read_back_with_the_sdk(kafka, make_relay):
+    pg = make_relay(kafka.bootstrap, cloudevents_topics="env.ce.*", cloudevents_source=SOURCE)
+    pg.wait_workers_running(1)
+    with pg.connect(autocommit=False) as c:
+        def enqueue(sql, params):
+            return c.execute(f"SELECT outbox.enqueue({sql})::text", params).fetchone()[0]
+        # Per topic (outbox.cloudevents_topics): ce_type is the topic, ce_source the setting.
+        by_topic = enqueue("'env.ce.invoices', 'sub-1', %s::jsonb, '{\"tenant\": \"acme\"}'",
+                           ('{"invoice": 42, "status": "paid"}',))
+        # Per event, on a topic that is not listed, with its own type and source.
+        per_event = enqueue("'env.plain', 'sub-1', %s::jsonb, cloudevents => true, event_type => 'invoice.paid', "
+                            "event_source => 'urn:billing:invoices'", ('{"invoice": 43}',))
+        text_event = enqueue("'env.ce.invoices', 'sub-2', 'hello'::text", ())
+        bytes_event = enqueue("'env.ce.invoices', 'sub-3', '\\x00ff10'::bytea", ())
+        # Opted out on a listed topic, and a plain event: no envelope.
+        opted_out = enqueue("'env.ce.invoices', 'sub-4', '{}'::jsonb, cloudevents => false", ())
+        plain = enqueue("'env.plain', 'sub-5', '{}'::jsonb", ())
+        c.commit()
+    pg.wait_published(6, timeout=120)
+    records = by_event_id(read_topic(kafka.bootstrap, "env.ce.invoices", 4)
+                          + read_topic(kafka.bootstrap, "env.plain", 2))
+
+    def check(event_id, type_, source, content_type, data, unmarshaller=None, own_headers=None):
+        record = records[event_id]
+        ce = cloudevent(record, unmarshaller)
+        attributes = dict(ce.get_attributes())
+        # ce_time is the event's created_at (its enqueuing transaction's start), in RFC 3339 UTC.
+        time = created_at(pg, event_id).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        assert attributes == {"specversion": "1.0", "id": event_id, "source": source, "type": type_,
+                              "time": time, "datacontenttype": content_type, "partitionkey": record.key}
+        assert ce.get_data() == data
+        # Besides the envelope, the record keeps the event_id header and the event's own headers.
+        others = {k: v for k, v in record.headers.items() if not k.startswith("ce_") and k != "content-type"}
+        assert others == {"event_id": event_id, **(own_headers or {})}
+
+    check(by_topic, "env.ce.invoices", SOURCE, "application/json", {"invoice": 42, "status": "paid"},
+          own_headers={"tenant": "acme"})
+    check(per_event, "invoice.paid", "urn:billing:invoices", "application/json", {"invoice": 43})
+    identity = lambda value: value  # noqa: E731
+    check(text_event, "env.ce.invoices", SOURCE, "text/plain; charset=utf-8", b"hello", identity)
+    check(bytes_event, "env.ce.invoices", SOURCE, "application/octet-stream", b"\x00\xff\x10", identity)
+    for eid in (opted_out, plain):
+        assert records[eid].headers == {"event_id": eid}
+
+
+def test_trace_context_header_is_what_the_session_set(kafka, make_relay):
+    pg = make_relay(kafka.bootstrap)
+    pg.wait_workers_running(1)
+    with pg.connect(autocommit=False) as c:
+        # What an application's OpenTelemetry instrumentation does once per transaction.
+        c.execute("SELECT set_config('outbox.traceparent', %s, true), set_config('outbox.tracestate', %s, true)",
+                  (TRACEPARENT, TRACESTATE))
+        from_session = [c.execute("SELECT outbox.enqueue('env.trace', %s, '{}'::jsonb, '{\"h\": \"v\"}')::text",
+                                  (f"k{i}",)).fetchone()[0] for i in range(3)]
+        from_argument = c.execute("SELECT outbox.enqueue('env.trace', 'k0', '{}'::jsonb, traceparent => %s)::text",
+                                  (OTHER_TRACEPARENT,)).fetchone()[0]
+        c.commit()
+        # The next transaction has none.
+        untraced = c.execute("SELECT outbox.enqueue('env.trace', 'k1', '{}'::jsonb)::text").fetchone()[0]
+        c.commit()
+    pg.wait_published(5, timeout=120)
+    records = by_event_id(read_topic(kafka.bootstrap, "env.trace", 5))
+    for eid in from_session:
+        assert records[eid].headers == {"event_id": eid, "h": "v", "traceparent": TRACEPARENT,
+                                        "tracestate": TRACESTATE}
+    assert records[from_argument].headers == {"event_id": from_argument, "traceparent": OTHER_TRACEPARENT}
+    assert records[untraced].headers == {"event_id": untraced}
+
+
+def test_explicit_partition_places_the_event(kafka, make_relay):
+    pg = make_relay(kafka.bootstrap)
+    pg.wait_workers_running(1)
+    with pg.connect(autocommit=False) as c:
+        placed = {c.execute("SELECT outbox.enqueue('env.partition', %s, '{}'::jsonb, partition => %s)::text",
+                            (f"placed-{i}", i % 3)).fetchone()[0]: i % 3 for i in range(9)}
+        c.commit()
+    pg.wait_published(len(placed), timeout=120)
+    records = by_event_id(read_topic(kafka.bootstrap, "env.partition", len(placed)))
+    for eid, partition in placed.items():
+        assert records[eid].partition == partition
+    recorded = dict(pg.sql("SELECT event_id::text, kafka_partition FROM outbox.events WHERE key LIKE 'placed-%'"))
+    assert recorded == placed
+
+
+def hand_written_event(pg, topic, key, age):
+    """A row written by hand (README "The table") whose created_at lies `age` in the past."""
+    return pg.value("INSERT INTO outbox.events (event_id, topic, key, lane, payload, created_at) "
+                    "SELECT id, %s, %s, outbox.lane_of(%s, id), convert_to('{}', 'UTF8'), now() - %s "
+                    "FROM gen_random_uuid() id RETURNING event_id::text", (topic, key, key, age))
+
+
+@pytest.mark.parametrize("mode", ["commit", "publish"])
+def test_record_timestamp_follows_outbox_message_timestamp(kafka, make_relay, mode):
+    pg = make_relay(kafka.bootstrap, message_timestamp=mode)
+    pg.wait_workers_running(1)
+    topic = f"env.time-{mode}"
+    # An hour old: the publish time cannot be mistaken for it.
+    eid = hand_written_event(pg, topic, "k", timedelta(hours=1))
+    enqueued_at = created_at(pg, eid)
+    pg.wait_published(1, timeout=120)
+    published_at = pg.value("SELECT published_at FROM outbox.events WHERE event_id = %s", (eid,))
+    (record,) = read_topic(kafka.bootstrap, topic, 1)
+    kind, ms = record.timestamp
+    assert kind == TIMESTAMP_CREATE_TIME
+    stamped = datetime.fromtimestamp(ms / 1000, timezone.utc)
+    if mode == "commit":
+        assert ms == (enqueued_at - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
+    else:
+        # Handed to the producer after the claim, acknowledged before published_at.
+        assert enqueued_at + timedelta(minutes=30) < stamped <= published_at
+
+
+def test_partition_the_topic_lacks_fails_at_once_and_holds_its_key(mock_cluster, make_relay):
+    # max_attempts 10 and a 1 s base backoff: failing after attempts would take over 8 minutes.
+    pg = make_relay(mock_cluster.bootstrap, max_attempts=10, backoff_base="1s")
+    pg.wait_workers_running(1)
+    with pg.connect(autocommit=False) as c:
+        bad = c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, partition => 4)::text").fetchone()[0]
+        behind = c.execute("SELECT outbox.enqueue('billing', 'k', 'y'::text)::text").fetchone()[0]
+        good = c.execute("SELECT outbox.enqueue('billing', 'other', 'z'::text, partition => 3)::text").fetchone()[0]
+        c.commit()
+
+    def status(eid):
+        return pg.sql("SELECT status, attempts, last_error, kafka_partition FROM outbox.events WHERE event_id = %s",
+                      (eid,))[0]
+
+    wait_until(lambda: status(bad)[0] == "failed" and status(good)[0] == "published", 30,
+               "the bad partition failed and the good one published")
+    state, attempts, last_error, _ = status(bad)
+    assert attempts == 0
+    assert last_error.startswith("partition 4 does not exist in the event's topic") and "UNKNOWN_PARTITION" in last_error
+    assert status(good)[3] == 3
+    # on_failed_event = block_key: the key's next event waits behind the failed one.
+    assert status(behind)[0] == "pending"
+    assert pg.value("SELECT count(*) FROM outbox.failed WHERE event_id = %s", (bad,)) == 1
