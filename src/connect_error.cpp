@@ -98,7 +98,8 @@ DescribeConnectError(ConnectErrorKind kind, const std::string &reason, int x509_
 	std::string hint;
 	if (kind == ConnectErrorKind::Authentication) {
 		out.problem = ConnectProblem::Refused;
-		out.text = "SASL authentication failed (check sasl.username/password): ";
+		out.text = sasl_mechanism == "OAUTHBEARER" ? "SASL authentication failed (check sasl.oauthbearer.*): "
+		                                           : "SASL authentication failed (check sasl.username/password): ";
 		const std::string prefix = "SASL authentication error: "; // librdkafka's, said already
 		if (what.rfind(prefix, 0) == 0) {
 			what.erase(0, prefix.size());

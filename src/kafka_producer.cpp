@@ -23,6 +23,7 @@
 
 #include "connect_error.hpp"
 #include "no_postgres.hpp"
+#include "secret_mask.hpp"
 
 namespace outbox::kafka {
 
@@ -232,30 +233,35 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	       ParsePropertiesFile(config.properties_file, out, error);
 }
 
-// librdkafka's own error texts may quote a value: every user value in `text` becomes ***.
-std::string
-WithoutUserValues(std::string text, const Properties &properties) {
-	for (const Property &p : properties) {
-		for (size_t at; p.entry > 0 && !p.value.empty() && (at = text.find(p.value)) != std::string::npos;) {
-			text.replace(at, p.value.size(), "***");
-		}
-	}
-	return text;
-}
-
-// Properties whose values are secrets (librdkafka's own sensitive ones): their values are masked
-// in every text the relay passes on from librdkafka (log lines, connection errors).
+// Properties whose values are secrets (librdkafka's own sensitive ones): their values, and any
+// part of them, are masked in every text the relay passes on from librdkafka (log lines,
+// connection errors).
 bool
 IsSecretProperty(const std::string &name) {
 	return name.find("password") != std::string::npos || name.find("secret") != std::string::npos ||
 	       name == "ssl.key.pem" || name == "ssl_key" || name == "sasl.oauthbearer.config";
 }
 
+SecretMask
+SecretsOf(const Properties &properties) {
+	SecretMask mask;
+	for (const Property &p : properties) {
+		if (p.entry > 0 && IsSecretProperty(p.name)) {
+			mask.Add(p.value);
+		}
+	}
+	return mask;
+}
+
+// librdkafka's own error texts may quote a value: every user value in `text` becomes ***, and
+// every part of a secret one (first, so that masking a short value inside a secret cannot
+// leave the secret's other pieces).
 std::string
-WithoutSecrets(std::string text, const std::vector<std::string> &secrets) {
-	for (const std::string &secret : secrets) {
-		for (size_t at; !secret.empty() && (at = text.find(secret)) != std::string::npos;) {
-			text.replace(at, secret.size(), "***");
+WithoutUserValues(const std::string &error, const Properties &properties) {
+	std::string text = SecretsOf(properties).Apply(error);
+	for (const Property &p : properties) {
+		for (size_t at; p.entry > 0 && !p.value.empty() && (at = text.find(p.value)) != std::string::npos;) {
+			text.replace(at, p.value.size(), "***");
 		}
 	}
 	return text;
@@ -313,7 +319,7 @@ public:
 	bool fatal = false;
 	std::string fatal_reason;
 	int broker_up = -1;
-	std::vector<std::string> secrets; // values of secret properties, masked in what is passed on
+	SecretMask secrets; // values of secret properties, masked (and their parts) in what is passed on
 	std::string sasl_mechanism;       // "" unless SASL is configured
 	// The last failed connection, until a broker answers again.
 	ConnectError connect_error{ConnectProblem::None, ""};
@@ -327,7 +333,7 @@ public:
 		if (log_lines.size() >= kMaxBufferedLogLines) {
 			log_lines.pop_front();
 		}
-		log_lines.emplace_back(level, WithoutSecrets(line, secrets));
+		log_lines.emplace_back(level, secrets.Apply(line));
 	}
 
 	void MarkBrokerUp() {
@@ -369,7 +375,7 @@ OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try 
 		char buf[512];
 		rd_kafka_resp_err_t original = rd_kafka_fatal_error(rk, buf, sizeof(buf));
 		p->fatal = true;
-		p->fatal_reason = WithoutSecrets(std::string(rd_kafka_err2name(original)) + ": " + buf, p->secrets);
+		p->fatal_reason = p->secrets.Apply(std::string(rd_kafka_err2name(original)) + ": " + buf);
 		p->AddLogLine(3, "fatal producer error: " + p->fatal_reason);
 		return;
 	}
@@ -381,7 +387,7 @@ OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try 
 		ConnectErrorKind kind = err == RD_KAFKA_RESP_ERR__AUTHENTICATION ? ConnectErrorKind::Authentication
 		                        : err == RD_KAFKA_RESP_ERR__SSL          ? ConnectErrorKind::Tls
 		                                                                 : ConnectErrorKind::Transport;
-		p->connect_error = DescribeConnectError(kind, WithoutSecrets(reason, p->secrets), p->x509_error.load(),
+		p->connect_error = DescribeConnectError(kind, p->secrets.Apply(reason), p->x509_error.load(),
 		                                        p->sasl_mechanism, rd_kafka_version());
 	}
 	// Connection errors also arrive as log lines (log.queue), which the worker forwards; only
@@ -442,10 +448,8 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	if (!BuildProperties(from, &properties, error)) {
 		return false;
 	}
+	secrets = SecretsOf(properties);
 	for (const Property &p : properties) {
-		if (p.entry > 0 && IsSecretProperty(p.name)) {
-			secrets.push_back(p.value);
-		}
 		if (p.name == "sasl.mechanism" || p.name == "sasl.mechanisms") {
 			sasl_mechanism = p.value;
 		}
