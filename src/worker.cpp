@@ -15,6 +15,7 @@
 #include "boundary.hpp"
 #include "guc.hpp"
 #include "kafka_producer.hpp"
+#include "metrics.hpp"
 #include "relay_sql.hpp"
 #include "shmem.hpp"
 
@@ -368,7 +369,9 @@ RecordAcksSoFar(EarlyRecord *r) {
 		}
 	}
 	SetWorkerState(slot, WorkerState::Recording);
+	instr_time record_start = MetricsNow();
 	RecordPublished(*r->batch, events, n, r->deliveries);
+	MetricsNoteEarlyRecord(record_start);
 	SetWorkerState(slot, WorkerState::Publishing);
 	for (int k = 0; k < n; k++) {
 		r->recorded[events[k]] = true;
@@ -674,6 +677,7 @@ NoteBrokerTrouble(const char *why) {
 	outage_steps++;
 	long delay = BackoffMs(outage_steps);
 	backoff_until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay);
+	MetricsNoteBackoff(slot, backoff_until);
 	LogOnce(LOG, psprintf("Kafka unavailable (%s); retrying in %ld ms", why, delay));
 }
 
@@ -690,7 +694,9 @@ RunBatch(const Batch &batch) {
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
 	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
 	// ERROR aborts it and leaves them pending.
+	instr_time publish_start = MetricsNow();
 	Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble);
+	MetricsNotePublish(slot, publish_start);
 	MaybeCrashAfterAck(batch, outcomes);
 
 	SetWorkerState(slot, WorkerState::Recording);
@@ -698,7 +704,9 @@ RunBatch(const Batch &batch) {
 	// so that batches of healthy keys do not keep waiting for them.
 	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
 	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
+	instr_time record_start = MetricsNow();
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
+	MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
 
 	uint64 published = 0;
 	const char *first_error = nullptr;
@@ -856,6 +864,7 @@ Attach(int index) {
 	SpinLockAcquire(&slot->mutex);
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
+	MetricsNoteStart(slot);
 
 	PinSessionSettings();
 	ResetDatabaseSettings();
@@ -943,7 +952,9 @@ RelayMain(Datum arg) {
 		SetWorkerState(slot, WorkerState::Claiming);
 		Batch batch{0, nullptr};
 		int64 requeued = 0;
+		instr_time claim_start = MetricsNow();
 		TableState table = ClaimBatch(MyLanes(), batch_context, &batch, &requeued);
+		MetricsNoteClaim(slot, claim_start);
 		if (requeued > 0) {
 			ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
 			                     (long long)requeued)));
