@@ -329,7 +329,11 @@ AS $$
 	       coalesce(max(t.age), 0)::double precision
 	FROM (SELECT e.topic, count(*) AS pending, 0 AS failed,
 	             extract(epoch FROM now() - min(e.created_at)) AS age
-	      FROM outbox.events e WHERE e.status IN ('pending', 'in_flight') GROUP BY e.topic
+	      FROM outbox.events e WHERE e.status = 'pending' GROUP BY e.topic
+	      UNION ALL
+	      -- A 0.1.0 relay's rows (status IN (...) would not match the partial indexes: a full scan).
+	      SELECT e.topic, count(*), 0, extract(epoch FROM now() - min(e.created_at))
+	      FROM outbox.events e WHERE e.status = 'in_flight' GROUP BY e.topic
 	      UNION ALL
 	      SELECT e.topic, 0, count(*), NULL
 	      FROM outbox.events e WHERE e.status = 'failed' GROUP BY e.topic) t

@@ -8,6 +8,9 @@ import json
 import os
 import re
 
+import pytest
+
+from harness.pg_cluster import PgCluster
 from harness.postgres_exporter import Exporter
 from harness.wait import wait_until
 
@@ -170,3 +173,38 @@ def test_grafana_dashboard_is_valid_and_has_the_expected_panels():
             assert m.group(1).endswith("_bucket"), (title, expr)
         for m in re.finditer(r"rate\((outbox_[a-z_]+)", expr):
             assert m.group(1).endswith(("_total", "_bucket", "_sum", "_count")), (title, expr)
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no statistics", "analyzed"])
+def test_topic_metrics_reads_the_backlog_not_the_published_history(analyzed):
+    # 200,000 published events (a week of retained history) and a backlog of 20: the per-topic
+    # query walks the partial indexes of the unfinished rows, never the table, with statistics
+    # and without (a burst into a table autovacuum has not analyzed yet).
+    with PgCluster(settings={"outbox.workers": "0", "autovacuum": "off"}) as pg:
+        pg.sql("INSERT INTO outbox.events (event_id, topic, key, lane, payload, status, published_at) "
+               "SELECT id, 'billing', 'k' || (i % 1000), outbox.lane_of('k' || (i % 1000), id), '\\x00', "
+               "       'published', now() "
+               "FROM (SELECT gen_random_uuid() AS id, i FROM generate_series(1, 200000) i) s")
+        for i in range(20):
+            pg.sql("SELECT outbox.enqueue(%s, 'k', 'waiting')", ("billing" if i % 2 else "orders",))
+        pg.sql("UPDATE outbox.events SET status = 'failed' WHERE id IN "
+               "(SELECT id FROM outbox.events WHERE status = 'pending' ORDER BY id LIMIT 2)")
+        if analyzed:
+            pg.sql("ANALYZE outbox.events")
+        body = pg.value("SELECT prosrc FROM pg_proc WHERE oid = 'outbox.topic_metrics()'::regprocedure")
+        # As the function runs it: with the function's search_path.
+        with pg.connect() as c:
+            c.execute("SET search_path = pg_catalog, pg_temp")
+            plan = c.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + body.strip().rstrip(";")).fetchone()[0]
+            table_pages = c.execute("SELECT pg_relation_size('outbox.events') / current_setting('block_size')::int").fetchone()[0]
+
+        def nodes(n):
+            yield n
+            for child in n.get("Plans", []):
+                yield from nodes(child)
+        scans = [n for n in nodes(plan[0]["Plan"]) if n.get("Relation Name") == "events"]
+        assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), [n["Node Type"] for n in scans]
+        buffers = plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
+        assert buffers < table_pages / 20, (buffers, table_pages)
+        assert sorted(pg.sql("SELECT topic, pending, failed FROM outbox.topic_metrics")) == \
+            [("billing", 9, 1), ("orders", 9, 1)]
