@@ -298,7 +298,7 @@ CREATE FUNCTION outbox.worker_metrics(
 	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
 	OUT started_at timestamptz,
 	OUT events_published bigint, OUT events_failed bigint, OUT events_retried bigint,
-	OUT events_requeued bigint, OUT backoffs bigint,
+	OUT events_requeued bigint, OUT backoffs bigint, OUT batches bigint,
 	OUT batch_size double precision[], OUT batch_size_bucket bigint[],
 	OUT batch_size_sum double precision, OUT batch_size_count bigint,
 	OUT publish_seconds double precision[], OUT publish_seconds_bucket bigint[],

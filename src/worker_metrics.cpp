@@ -9,7 +9,7 @@
 
 namespace {
 
-constexpr int kFixedColumns = 14;
+constexpr int kFixedColumns = 15;
 constexpr int kHistograms = 4;
 constexpr int kColumns = kFixedColumns + 4 * kHistograms;
 
@@ -81,6 +81,7 @@ OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 		values[11] = Int64GetDatum(int64(m.retried));
 		values[12] = Int64GetDatum(int64(m.requeued));
 		values[13] = Int64GetDatum(int64(m.backoffs));
+		values[14] = Int64GetDatum(int64(m.batch_size.count)); // batches: one size observed per batch
 		PutHistogram(m.batch_size, outbox::kBatchSizeBounds, outbox::kBatchSizeBuckets, values, kFixedColumns);
 		PutHistogram(m.publish_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 4);
 		PutHistogram(m.claim_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 8);

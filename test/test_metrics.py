@@ -82,6 +82,7 @@ def test_postgres_exporter_scrapes_outbox_series_after_a_known_workload(mock_clu
         assert value(s, "outbox_worker_start_time_seconds") > 1.7e9
         # One batch of exactly GOOD_EVENTS: in the bucket le=50, not in le=10.
         assert value(s, "outbox_worker_batch_size_count") == 1
+        assert value(s, "outbox_worker_batches_total") == 1
         assert value(s, "outbox_worker_batch_size_sum") == GOOD_EVENTS
         assert check_histogram(s, "batch_size", BATCH_BOUNDS) == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1]
         for timing in ("publish_seconds", "record_seconds"):
@@ -104,7 +105,8 @@ def test_postgres_exporter_scrapes_outbox_series_after_a_known_workload(mock_clu
         assert value(s, "outbox_worker_events_published_total") == GOOD_EVENTS
         assert value(s, "outbox_worker_events_retried_total") == 2
         assert value(s, "outbox_worker_events_requeued_total") >= 0
-        batches = value(s, "outbox_worker_batch_size_count")
+        batches = value(s, "outbox_worker_batches_total")
+        assert value(s, "outbox_worker_batch_size_count") == batches
         assert batches >= 4  # the good batch and the poison's three attempts
         assert value(s, "outbox_worker_batch_size_sum") >= GOOD_EVENTS + 3
         for histogram in ("publish_seconds", "record_seconds"):
@@ -137,7 +139,7 @@ EXPECTED_PANELS = {
     "Oldest pending event": ["outbox_topic_oldest_pending_age_seconds"],
     "Events per second": ["outbox_worker_events_published_total", "outbox_worker_events_failed_total",
                           "outbox_worker_events_retried_total"],
-    "Batches per second and batch size": ["outbox_worker_batch_size_count", "outbox_worker_batch_size_bucket"],
+    "Batches per second and batch size": ["outbox_worker_batches_total", "outbox_worker_batch_size_bucket"],
     "Publish round trip": ["outbox_worker_publish_seconds_bucket"],
     "Claim and record time": ["outbox_worker_claim_seconds_bucket", "outbox_worker_record_seconds_bucket"],
     "Brokers reachable": ["outbox_worker_broker_up"],
