@@ -210,3 +210,26 @@ def test_topic_metrics_reads_the_backlog_not_the_published_history(analyzed):
         assert buffers < table_pages / 20, (buffers, table_pages)
         assert sorted(pg.sql("SELECT topic, pending, failed FROM outbox.topic_metrics")) == \
             [("billing", 9, 1), ("orders", 9, 1)]
+
+
+def test_backoff_and_broker_state_follow_an_outage(mock_cluster, make_relay):
+    pg = make_relay(mock_cluster.bootstrap, backoff_base="2s", backoff_max="4s", publish_timeout="1s",
+                    kafka_properties="socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200")
+    pg.wait_workers_running(1)
+    pg.sql("SELECT outbox.enqueue('billing', 'warmup', 'x')")
+    pg.wait_published(1)
+    metrics = "SELECT broker_up, backing_off, backoff_remaining_seconds, backoffs, events_published " \
+              "FROM outbox.worker_metrics WHERE worker = 0"
+    # The counters follow the record's commit by a moment.
+    wait_until(lambda: pg.sql(metrics)[0] == (1, 0, 0.0, 0, 1), 10, "one published, broker up, no backoff")
+    for b in (1, 2, 3):
+        mock_cluster.down(b)
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'waits for the brokers')")
+    up, backing_off, remaining, backoffs, _ = wait_until(
+        lambda: (lambda r: r if r[1] == 1 and r[0] == 0 else None)(pg.sql(metrics)[0]), 60, "backing off, broker down")
+    assert backoffs >= 1 and 0 < remaining <= 4
+    assert pg.value("SELECT state FROM outbox.workers WHERE worker = 0") == "backing off"
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(2, timeout=60)
+    wait_until(lambda: pg.sql(metrics)[0][:2] == (1, 0) and pg.sql(metrics)[0][4] == 2, 30, "broker up again")
