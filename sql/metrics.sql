@@ -38,6 +38,15 @@ SELECT * FROM outbox.topic_metrics;
 SELECT * FROM outbox.topic_metrics();
 SELECT * FROM outbox.worker_metrics();
 RESET ROLE;
+-- The README's grants for a role outside pg_monitor.
+GRANT SELECT ON outbox.worker_metrics, outbox.topic_metrics TO outbox_test_other;
+GRANT EXECUTE ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() TO outbox_test_other;
+SET ROLE outbox_test_other;
+SELECT topic, pending FROM outbox.topic_metrics;
+SELECT count(*) FROM outbox.worker_metrics;
+RESET ROLE;
+REVOKE ALL ON outbox.worker_metrics, outbox.topic_metrics FROM outbox_test_other;
+REVOKE ALL ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() FROM outbox_test_other;
 REVOKE USAGE ON SCHEMA outbox FROM outbox_test_other;
 DROP ROLE outbox_test_scraper, outbox_test_other;
 TRUNCATE outbox.events;
