@@ -5,8 +5,10 @@ checks the outbox series and their values, then that every panel of the Grafana 
 (docs/metrics/grafana-dashboard.json) queries series the exporter exported."""
 
 import json
+import math
 import os
 import re
+import sys
 
 import pytest
 
@@ -169,6 +171,12 @@ def test_grafana_dashboard_is_valid_and_has_the_expected_panels():
         assert exprs, f"no panel {title!r}"
         for name in series:
             assert re.search(rf"\b{name}\b", exprs), f"panel {title!r} does not query {name}"
+    # bench/dashboard.py draws the picture with these very queries: each parses there.
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import promql_lite
+    for title, expr in queries:
+        promql_lite.Parser(expr, rate_interval=8).parse()
+    assert promql_lite.quantile(0.5, [(1, 0), (10, 10), (math.inf, 10)]) == 5.5
     # Rates over counters and histograms, never over gauges; quantiles over buckets.
     for title, expr in queries:
         for m in re.finditer(r"histogram_quantile\([^,]+,\s*sum by \(le\) \(rate\((outbox_[a-z_]+)", expr):
