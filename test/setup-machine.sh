@@ -38,4 +38,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
 	$sudo apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+# Go builds postgres_exporter for test_metrics.py (Debian 12's golang is too old for it).
+if ! command -v go >/dev/null && [ ! -x /usr/local/go/bin/go ]; then
+	echo "setup: no Go (1.23 or later) on PATH or in /usr/local/go: test_metrics.py cannot build postgres_exporter" >&2
+fi
 echo "setup: build and test dependencies present"
