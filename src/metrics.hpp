@@ -5,8 +5,6 @@
 
 #include "pg_include.hpp"
 
-#include "portability/instr_time.h"
-
 namespace outbox {
 
 struct WorkerSlot;
