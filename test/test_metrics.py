@@ -250,3 +250,17 @@ def test_backoff_and_broker_state_follow_an_outage(mock_cluster, make_relay):
         mock_cluster.up(b)
     pg.wait_published(2, timeout=60)
     wait_until(lambda: pg.sql(metrics)[0][:2] == (1, 0) and pg.sql(metrics)[0][4] == 2, 30, "broker up again")
+
+
+def test_worker_series_name_the_database_the_worker_serves(mock_cluster, make_relay):
+    # The label comes from the worker's own connection (its slot), not from the database the
+    # scrape runs in: with workers serving several databases it stays right.
+    pg = make_relay(mock_cluster.bootstrap, workers=2, database="billing")
+    pg.wait_workers_running(2)
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'x')")
+    pg.wait_published(1)
+    wait_until(lambda: pg.sql("SELECT database, sum(events_published) FROM outbox.worker_metrics GROUP BY 1") ==
+               [("billing", 1)], 10, "both workers labelled billing, one event published")
+    pg.sql("CREATE EXTENSION outbox", dbname="postgres")
+    assert pg.sql("SELECT database, worker FROM outbox.worker_metrics ORDER BY worker", dbname="postgres") == \
+        [("billing", 0), ("billing", 1)]
