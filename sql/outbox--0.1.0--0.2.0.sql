@@ -385,3 +385,69 @@ BEGIN
 	END LOOP;
 END
 $$;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- Metrics (README "Metrics"): per-worker counters and histograms from shared memory and
+-- per-topic backlog gauges, in the shape postgres_exporter reads (docs/metrics/queries.yaml).
+-- Callable by pg_monitor (what monitoring roles are given), by nobody else unless granted.
+-- ---------------------------------------------------------------------------------------------
+
+-- One row per configured relay worker. Each histogram is NAME (upper bounds of the finite
+-- buckets), NAME_bucket (cumulative counts), NAME_sum and NAME_count.
+CREATE FUNCTION outbox.worker_metrics(
+	OUT database text, OUT worker integer, OUT pid integer, OUT state text, OUT broker_state text,
+	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
+	OUT started_at timestamptz,
+	OUT events_published bigint, OUT events_failed bigint, OUT events_retried bigint,
+	OUT events_requeued bigint, OUT backoffs bigint, OUT batches bigint,
+	OUT batch_size double precision[], OUT batch_size_bucket bigint[],
+	OUT batch_size_sum double precision, OUT batch_size_count bigint,
+	OUT publish_seconds double precision[], OUT publish_seconds_bucket bigint[],
+	OUT publish_seconds_sum double precision, OUT publish_seconds_count bigint,
+	OUT claim_seconds double precision[], OUT claim_seconds_bucket bigint[],
+	OUT claim_seconds_sum double precision, OUT claim_seconds_count bigint,
+	OUT record_seconds double precision[], OUT record_seconds_bucket bigint[],
+	OUT record_seconds_sum double precision, OUT record_seconds_count bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_metrics'
+LANGUAGE C VOLATILE STRICT;
+
+CREATE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics();
+
+COMMENT ON VIEW outbox.worker_metrics IS
+	'Relay workers'' metrics since their start: events published, failed, retried, requeued; batch size and publish, claim and record time histograms; broker and backoff state';
+
+-- Per topic with events waiting or failed: how many, and the age of the oldest one not yet
+-- published. Reads only the pending, in-flight and failed rows (through their partial indexes),
+-- never the retained published history, so its cost follows the backlog, not the table.
+CREATE FUNCTION outbox.topic_metrics(
+	OUT topic text, OUT pending bigint, OUT failed bigint, OUT oldest_pending_age_seconds double precision)
+RETURNS SETOF record
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	SELECT t.topic, sum(t.pending)::bigint, sum(t.failed)::bigint,
+	       coalesce(max(t.age), 0)::double precision
+	FROM (SELECT e.topic, count(*) AS pending, 0 AS failed,
+	             extract(epoch FROM now() - min(e.created_at)) AS age
+	      FROM outbox.events e WHERE e.status = 'pending' GROUP BY e.topic
+	      UNION ALL
+	      -- A 0.1.0 relay's rows (status IN (...) would not match the partial indexes: a full scan).
+	      SELECT e.topic, count(*), 0, extract(epoch FROM now() - min(e.created_at))
+	      FROM outbox.events e WHERE e.status = 'in_flight' GROUP BY e.topic
+	      UNION ALL
+	      SELECT e.topic, 0, count(*), NULL
+	      FROM outbox.events e WHERE e.status = 'failed' GROUP BY e.topic) t
+	GROUP BY t.topic;
+$$;
+
+CREATE VIEW outbox.topic_metrics AS SELECT * FROM outbox.topic_metrics();
+
+COMMENT ON VIEW outbox.topic_metrics IS
+	'Per topic with events waiting or failed: pending, failed, age in seconds of the oldest event not yet published';
+
+REVOKE ALL ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() FROM PUBLIC;
+GRANT USAGE ON SCHEMA outbox TO pg_monitor;
+GRANT EXECUTE ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() TO pg_monitor;
+GRANT SELECT ON outbox.worker_metrics, outbox.topic_metrics TO pg_monitor;

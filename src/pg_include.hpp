@@ -36,6 +36,7 @@ extern "C" {
 #include "mb/pg_wchar.h"            // pg_server_to_any: payloads and ids are UTF-8
 #include "miscadmin.h"
 #include "pgstat.h"                 // pgstat_report_activity, pgstat_report_stat
+#include "portability/instr_time.h" // the relay's timings (metrics.hpp)
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
 #include "replication/syncrep.h"    // SyncRepWaitForLSN, as a commit waits for synchronous standbys

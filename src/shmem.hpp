@@ -3,6 +3,7 @@
 #pragma once
 
 #include "guc.hpp"
+#include "metrics.hpp"
 #include "pg_include.hpp"
 
 namespace outbox {
@@ -39,6 +40,7 @@ struct WorkerSlot {
 	// Set when the worker could not connect to outbox.database; the next start waits before
 	// trying again, so a missing database gives one log line per retry period, not a crash loop.
 	int connect_failures;
+	WorkerMetrics metrics; // outbox.worker_metrics()
 };
 
 // Commit order (commit_order.cpp): per stripe, the highest order_lsn a committing transaction

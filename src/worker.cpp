@@ -15,6 +15,7 @@
 #include "boundary.hpp"
 #include "guc.hpp"
 #include "kafka_producer.hpp"
+#include "metrics.hpp"
 #include "relay_sql.hpp"
 #include "shmem.hpp"
 #include "wait_events.hpp"
@@ -373,7 +374,9 @@ RecordAcksSoFar(EarlyRecord *r) {
 		}
 	}
 	SetWorkerState(slot, WorkerState::Recording);
+	instr_time record_start = MetricsNow();
 	RecordPublished(*r->batch, events, n, r->deliveries);
+	MetricsNoteEarlyRecord(record_start);
 	SetWorkerState(slot, WorkerState::Publishing);
 	for (int k = 0; k < n; k++) {
 		r->recorded[events[k]] = true;
@@ -703,6 +706,7 @@ NoteBrokerTrouble(const char *why, bool refused = false) {
 	long delay = BackoffMs(outage_steps);
 	TimestampTz now = GetCurrentTimestamp();
 	backoff_until = TimestampTzPlusMilliseconds(now, delay);
+	MetricsNoteBackoff(slot, backoff_until);
 	backoff_state = refused ? WorkerState::Misconfigured : WorkerState::BackingOff;
 	bool doubled = (outage_steps & (outage_steps - 1)) == 0;
 	if (doubled || strcmp(why, last_outage_reason) != 0 ||
@@ -746,7 +750,9 @@ RunBatch(const Batch &batch) {
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
 	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
 	// ERROR aborts it and leaves them pending.
+	instr_time publish_start = MetricsNow();
 	Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble);
+	MetricsNotePublish(slot, publish_start);
 	MaybeCrashAfterAck(batch, outcomes);
 
 	SetWorkerState(slot, WorkerState::Recording);
@@ -754,7 +760,9 @@ RunBatch(const Batch &batch) {
 	// so that batches of healthy keys do not keep waiting for them.
 	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
 	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
+	instr_time record_start = MetricsNow();
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
+	MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
 
 	uint64 published = 0;
 	const char *first_error = nullptr;
@@ -912,6 +920,7 @@ Attach(int index) {
 	SpinLockAcquire(&slot->mutex);
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
+	MetricsNoteStart(slot);
 
 	PinSessionSettings();
 	ResetDatabaseSettings();
@@ -999,7 +1008,9 @@ RelayMain(Datum arg) {
 		SetWorkerState(slot, WorkerState::Claiming);
 		Batch batch{0, nullptr};
 		int64 requeued = 0;
+		instr_time claim_start = MetricsNow();
 		TableState table = ClaimBatch(MyLanes(), batch_context, &batch, &requeued);
+		MetricsNoteClaim(slot, claim_start);
 		if (requeued > 0) {
 			ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
 			                     (long long)requeued)));

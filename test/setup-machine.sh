@@ -49,4 +49,8 @@ if ! /usr/bin/python3 -c 'import cloudevents.kafka' 2>/dev/null; then
 	echo "setup: installing $cloudevents_sdk from PyPI"
 	$sudo /usr/bin/python3 -m pip install --quiet --no-deps --break-system-packages "$cloudevents_sdk"
 fi
+# Go builds postgres_exporter for test_metrics.py (Debian 12's golang is too old for it).
+if ! command -v go >/dev/null && [ ! -x /usr/local/go/bin/go ]; then
+	echo "setup: no Go (1.23 or later) on PATH or in /usr/local/go: test_metrics.py cannot build postgres_exporter" >&2
+fi
 echo "setup: build and test dependencies present"
