@@ -11,6 +11,8 @@ ALTER SYSTEM SET outbox.on_failed_event = 'drop';
 ALTER SYSTEM SET outbox.workers = 33;
 ALTER SYSTEM SET outbox.batch_size = 0;
 ALTER SYSTEM SET outbox.publish_timeout = '10ms';
+ALTER SYSTEM SET outbox.failover_standbys = 'ANY 3 (a, b)';
+ALTER SYSTEM SET outbox.failover_standby_lsn = 'write';
 SELECT count(*) AS nothing_written FROM pg_file_settings WHERE name LIKE 'outbox.%' AND sourcefile LIKE '%auto.conf';
 -- Superusers can read the secret-holding setting (roles without privileges cannot, see privileges).
 SHOW outbox.kafka_properties;

@@ -37,6 +37,10 @@ extern "C" {
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
 #include "replication/syncrep.h"    // SyncRepWaitForLSN, as a commit waits for synchronous standbys
+#include "replication/walsender.h"  // max_wal_senders: failover-safe publishing (standby_wait.cpp)
+#include "replication/walsender_private.h" // WalSndCtl: the standbys' flush and replay positions
+#include "access/xlog_internal.h"   // SizeOfXLogShortPHD: a WAL position just past a page header
+#include "utils/backend_status.h"   // a walsender's application_name
 #include "storage/bufmgr.h"         // the relay's error recovery releases what a transaction would
 #include "storage/fd.h"
 #include "storage/ipc.h"            // before_shmem_exit, shmem hooks

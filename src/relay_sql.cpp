@@ -4,6 +4,7 @@
 
 #include "guc.hpp"
 #include "kafka_names.hpp"
+#include "standby_wait.hpp"
 
 namespace outbox {
 
@@ -646,9 +647,11 @@ constexpr int kMaxPassedOverKeys = 1000;
 // a crash could undo it after its event was published. Every commit the claim saw is in the WAL
 // below the current insert position: flush up to there (a no-op when it already is) and, like a
 // commit, wait for the synchronous standbys.
+// Then, with outbox.failover_standbys, wait for those standbys to have it too (standby_wait.cpp).
 // A stop (the timer cancels the standby wait after the grace, as it does a statement) ends the
 // wait: then nothing is published, and the caller lets the batch go. (A pg_cancel_backend of the
 // worker during the wait ends it with a WARNING only, as it ends a commit's: the batch goes out.)
+// So does a failover standby that did not confirm in time (outbox.failover_on_timeout = wait).
 bool
 FlushBeforePublish() {
 	XLogRecPtr upto = GetXLogInsertRecPtr();
@@ -657,7 +660,7 @@ FlushBeforePublish() {
 	SyncRepWaitForLSN(upto, false);
 	DisarmStopCheck();
 	CHECK_FOR_INTERRUPTS();
-	return !ShutdownRequestPending;
+	return !ShutdownRequestPending && WaitForFailoverStandbys(upto) == StandbyWait::Reached;
 }
 
 int
@@ -827,7 +830,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 		return TableState::Ready;
 	}
 	if (!FlushBeforePublish()) {
-		batch->n = 0; // stopping: the rows stay pending, unlocked by the commit
+		batch->n = 0; // stopping, or held back for a standby: the rows stay pending, unlocked by the commit
 		EndStep();
 		return TableState::Ready;
 	}

@@ -17,6 +17,7 @@
 #include "kafka_producer.hpp"
 #include "relay_sql.hpp"
 #include "shmem.hpp"
+#include "standby_wait.hpp"
 
 namespace outbox {
 
@@ -940,6 +941,11 @@ RelayMain(Datum arg) {
 			NoteBrokerTrouble("no broker reachable");
 			continue;
 		}
+		// The last batch was held back for a lagging failover standby: claim (and lock) nothing
+		// until it has caught up (standby_wait.cpp).
+		if (!WaitForHeldBackStandbys(settings.poll_interval_ms)) {
+			continue;
+		}
 		SetWorkerState(slot, WorkerState::Claiming);
 		Batch batch{0, nullptr};
 		int64 requeued = 0;
@@ -953,6 +959,9 @@ RelayMain(Datum arg) {
 			continue;
 		}
 		last_table_state = table;
+		if (batch.n == 0 && HeldBackForStandbys()) {
+			continue; // state 'waiting for standby'; the wait is at the top
+		}
 		if (batch.n == 0) {
 			SetWorkerState(slot, WorkerState::Idle);
 			long sleep_ms = settings.poll_interval_ms;
