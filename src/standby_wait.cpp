@@ -33,6 +33,7 @@ constexpr long kLogEveryMs = 60000;
 // Walsenders set no latch of ours when a standby reports: the wait polls shared memory, in
 // slices that start short (a streaming standby answers fast) and grow to this.
 constexpr long kMaxSliceMs = 20;
+constexpr size_t kReasonSize = sizeof(WorkerSlot::last_error); // what outbox.workers.last_error holds
 
 XLogRecPtr held_back_lsn = InvalidXLogRecPtr; // what the last held-back batch needed
 TimestampTz last_logged_at = 0;
@@ -58,14 +59,19 @@ ParseFailoverStandbys(const char *value, FailoverStandbys *out) {
 	if (*p == '\0') {
 		return nullptr; // off
 	}
+	if (pg_strncasecmp(p, "FIRST", 5) == 0 && (IsSpace(p[5]) || (p[5] >= '0' && p[5] <= '9'))) {
+		// synchronous_standby_names' priority form: which standbys it waits for changes with who is
+		// connected, so it cannot say which standbys a failover may go to.
+		return "FIRST n (...) is not supported: name the standbys, or use ANY n (...)";
+	}
 	if (pg_strncasecmp(p, "ANY", 3) == 0 && (IsSpace(p[3]) || (p[3] >= '0' && p[3] <= '9'))) {
 		p = SkipSpaces(p + 3);
 		long count = 0;
 		if (*p < '0' || *p > '9') {
 			return "ANY must be followed by the number of standbys, as in ANY 1 (a, b)";
 		}
-		while (*p >= '0' && *p <= '9' && count <= kMaxFailoverStandbys * 1000L) {
-			count = count * 10 + (*p++ - '0');
+		for (; *p >= '0' && *p <= '9'; p++) {
+			count = Min(count * 10 + (*p - '0'), 1000L); // past 32 it is refused below, however large
 		}
 		p = SkipSpaces(p);
 		if (*p != '(') {
@@ -337,15 +343,16 @@ enum class Until { Reached, TimedOut, Stopped };
 
 // Polls until the standbys have `target`, `timeout_ms` passes, or (with `end_on_reload`) a reload
 // is pending; serves interrupts and ends on a stop request or postmaster death.
+// `reason` (kReasonSize) says which standbys are behind when it ends otherwise.
 Until
-Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload) {
+Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
 	Sender *senders = static_cast<Sender *>(palloc(sizeof(Sender) * Max(max_wal_senders, 1)));
-	char reason[256], reported[256] = "";
+	char reported[kReasonSize] = "";
 	TimestampTz start = GetCurrentTimestamp(), last_report = 0;
 	long slice_ms = 1;
 	Until result;
 	for (;;) {
-		if (StandbysHave(*standbys, senders, target, reason, sizeof(reason))) {
+		if (StandbysHave(*standbys, senders, target, reason, kReasonSize)) {
 			result = Until::Reached;
 			break;
 		}
@@ -354,7 +361,7 @@ Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload) {
 		if (waited >= kReportAfterMs && strcmp(reason, reported) != 0 &&
 		    TimestampDifferenceExceeds(last_report, now, int(kReportEveryMs))) {
 			Report(WorkerState::WaitingForStandby, reason);
-			strlcpy(reported, reason, sizeof(reported));
+			strlcpy(reported, reason, kReasonSize);
 			last_report = now;
 		}
 		if (ShutdownRequestPending) {
@@ -424,22 +431,14 @@ WaitForFailoverStandbys(XLogRecPtr flushed) {
 		return StandbyWait::Reached;
 	}
 	XLogRecPtr target = TargetOf(flushed);
-	switch (Poll(target, settings.failover_wait_timeout_ms, false)) {
+	char reason[kReasonSize];
+	switch (Poll(target, settings.failover_wait_timeout_ms, false, reason)) {
 	case Until::Reached:
 		return StandbyWait::Reached;
 	case Until::Stopped:
 		return StandbyWait::Stopped;
 	case Until::TimedOut:
 		break;
-	}
-	char reason[256];
-	WorkerSlot *slot = MySlot();
-	if (slot) {
-		SpinLockAcquire(&slot->mutex);
-		strlcpy(reason, slot->last_error, sizeof(reason));
-		SpinLockRelease(&slot->mutex);
-	} else {
-		strlcpy(reason, "the standbys are behind", sizeof(reason));
 	}
 	if (settings.failover_on_timeout == int(FailoverTimeoutPolicy::Publish)) {
 		LogRateLimited(WARNING, "publishing a batch the failover standbys have not confirmed "
@@ -470,7 +469,8 @@ WaitForHeldBackStandbys(long max_ms) {
 	if (WorkerSlot *slot = MySlot()) {
 		SetWorkerState(slot, WorkerState::WaitingForStandby); // the reason is in last_error already
 	}
-	if (Poll(held_back_lsn, max_ms, true) != Until::Reached) {
+	char reason[kReasonSize];
+	if (Poll(held_back_lsn, max_ms, true, reason) != Until::Reached) {
 		return false;
 	}
 	held_back_lsn = InvalidXLogRecPtr;
