@@ -144,6 +144,54 @@ ParseFailoverStandbys(const char *value, FailoverStandbys *out) {
 	return nullptr;
 }
 
+// The name this node streams under when it is a standby, as its walreceiver gives it:
+// application_name of primary_conninfo (key=value or URI form), else cluster_name, else
+// "walreceiver" (only with a primary_conninfo: a node that never was a standby and has no
+// cluster_name has no name to leave out). A promoted standby keeps its primary_conninfo, so it
+// knows its old name: a node never waits for itself, and one outbox.failover_standbys serves
+// every node.
+void
+OwnStandbyName(char *out) {
+	const char *conninfo = GetConfigOption("primary_conninfo", true, false);
+	const char *cluster = GetConfigOption("cluster_name", true, false);
+	bool has_conninfo = conninfo != nullptr && *SkipSpaces(conninfo) != '\0';
+	strlcpy(out, cluster && cluster[0] ? cluster : has_conninfo ? "walreceiver" : "", NAMEDATALEN);
+	if (!has_conninfo) {
+		return;
+	}
+	char name[NAMEDATALEN];
+	const char *key = "application_name";
+	size_t key_len = strlen(key);
+	for (const char *p = conninfo; (p = strstr(p, key)) != nullptr; p += key_len) {
+		if (p != conninfo && !IsSpace(p[-1]) && p[-1] != '?' && p[-1] != '&') {
+			continue; // part of another word
+		}
+		const char *v = SkipSpaces(p + key_len);
+		if (*v != '=') {
+			continue;
+		}
+		v = SkipSpaces(v + 1);
+		int n = 0;
+		if (*v == '\'') {
+			for (v++; *v && *v != '\'' && n < NAMEDATALEN - 1; v++) {
+				if (*v == '\\' && v[1]) {
+					v++;
+				}
+				name[n++] = *v;
+			}
+		} else {
+			while (*v && !IsSpace(*v) && *v != '&' && n < NAMEDATALEN - 1) {
+				name[n++] = *v++;
+			}
+		}
+		name[n] = '\0';
+		if (n > 0) {
+			strlcpy(out, name, NAMEDATALEN);
+			return;
+		}
+	}
+}
+
 // One physical walsender: the standby's application_name and the position it reported.
 struct Sender {
 	int pid;
@@ -244,15 +292,18 @@ DescribeLag(const char *name, bool connected, XLogRecPtr lsn, XLogRecPtr target,
 }
 
 // Whether enough of the named standbys have `target`; else `reason` names the ones behind.
+// `self`: this node's own name (OwnStandbyName), left out.
 bool
-StandbysHave(const FailoverStandbys &cfg, Sender *senders, XLogRecPtr target, char *reason, size_t size) {
+StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLogRecPtr target, char *reason,
+             size_t size) {
 	reason[0] = '\0';
 	int n = ReadSenders(senders);
-	int reached = 0;
+	int reached = 0, others = 0;
 	for (int k = 0; k < cfg.n; k++) {
-		if (strcmp(cfg.names[k], "*") == 0) {
+		if (strcmp(cfg.names[k], "*") == 0 || pg_strcasecmp(cfg.names[k], self) == 0) {
 			continue;
 		}
+		others++;
 		XLogRecPtr lsn;
 		bool connected = PositionOf(cfg.names[k], senders, n, &lsn);
 		if (connected && lsn >= target) {
@@ -281,12 +332,14 @@ StandbysHave(const FailoverStandbys &cfg, Sender *senders, XLogRecPtr target, ch
 		reason[0] = '\0';
 		Append(reason, size, line);
 	}
-	if (reached >= cfg.required) {
+	// Without this node in it, a list needs all the others, and ANY n at most all the others.
+	int required = cfg.wildcard ? cfg.required : cfg.any ? Min(cfg.required, others) : others;
+	if (reached >= required) {
 		return true;
 	}
 	if (cfg.any) {
 		char line[64];
-		snprintf(line, sizeof(line), "%d of ANY %d have it", reached, cfg.required);
+		snprintf(line, sizeof(line), "%d of ANY %d have it", reached, required);
 		Append(reason, size, line);
 	}
 	return false;
@@ -348,11 +401,13 @@ Until
 Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
 	Sender *senders = static_cast<Sender *>(palloc(sizeof(Sender) * Max(max_wal_senders, 1)));
 	char reported[kReasonSize] = "";
+	char self[NAMEDATALEN];
+	OwnStandbyName(self);
 	TimestampTz start = GetCurrentTimestamp(), last_report = 0;
 	long slice_ms = 1;
 	Until result;
 	for (;;) {
-		if (StandbysHave(*standbys, senders, target, reason, kReasonSize)) {
+		if (StandbysHave(*standbys, self, senders, target, reason, kReasonSize)) {
 			result = Until::Reached;
 			break;
 		}

@@ -49,8 +49,9 @@ def standbys():
 def primary_with_standby(mock_cluster, make_relay, standbys, **outbox):
     primary = make_relay(mock_cluster.bootstrap, **{"failover_wait_timeout": "1s", **outbox})
     primary.wait_workers_running(1)
-    # Promoted, it has no standby of its own: its relay publishes without waiting.
-    standby = primary.make_standby(STANDBY, settings={"outbox.failover_standbys": "''"})
+    # Its configuration is the primary's (pg_basebackup copies it): outbox.failover_standbys names
+    # the standby itself, which it leaves out once promoted (it never waits for itself).
+    standby = primary.make_standby(STANDBY)
     standbys.append(standby)
     standby.start()
     primary.wait_streaming(STANDBY)
@@ -114,6 +115,33 @@ def test_without_the_setting_kafka_gets_an_event_the_promoted_standby_lacks(mock
     standby.promote()
     assert standby.value("SELECT count(*) FROM outbox.events WHERE event_id = %s::uuid", (lost,)) == 0
     assert lost in kafka_ids(mock_cluster, 1)
+
+
+def test_one_setting_for_every_node_never_waits_for_itself(mock_cluster, make_relay, standbys):
+    """'node_a, standby1' on both nodes (the standby copies it): the primary (cluster_name
+    node_a) waits for standby1 only; promoted, standby1 waits for node_a only."""
+    primary = make_relay(mock_cluster.bootstrap, failover_standbys=f"node_a, {STANDBY}", failover_wait_timeout="1s")
+    primary.sql("ALTER SYSTEM SET cluster_name = 'node_a'", dbname="postgres")
+    primary.restart()
+    primary.wait_workers_running(1)
+    standby = primary.make_standby(STANDBY)
+    standbys.append(standby)
+    standby.start()
+    primary.wait_streaming(STANDBY)
+    first = enqueue(primary, "k1")
+    wait_until(lambda: status_of(primary, first) == "published", 60, "published with only itself missing")
+    standby.stop()
+    second = enqueue(primary, "k2")
+    wait_waiting_for_standby(primary, second, f'standby "{STANDBY}" is not connected')
+    assert "node_a" not in primary.value("SELECT last_error FROM outbox.workers WHERE worker = 0")
+    primary.stop("immediate")
+    standby.start()
+    standby.promote()
+    standby.wait_workers_running(1)
+    third = enqueue(standby, "k3")
+    wait_waiting_for_standby(standby, third, 'standby "node_a" is not connected')
+    assert STANDBY not in standby.value("SELECT last_error FROM outbox.workers WHERE worker = 0")
+    assert kafka_ids(mock_cluster, 1) == {first}
 
 
 def test_replay_position_waits_for_the_standby_to_replay(mock_cluster, make_relay, standbys):
