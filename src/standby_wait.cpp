@@ -222,15 +222,11 @@ ReadSenders(Sender *senders) {
 		return 0;
 	}
 	// A fresh copy of the backend status array (the last one may be from before a standby came).
-	pgstat_clear_backend_activity_snapshot();
+	OutboxClearBackendStatusCopy();
 	int n_backends = pgstat_fetch_stat_numbackends();
 	int named = 0;
 	for (int b = 1; b <= n_backends; b++) {
-#if PG_VERSION_NUM >= 160000
-		LocalPgBackendStatus *local = pgstat_get_local_beentry_by_index(b);
-#else
-		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(b);
-#endif
+		LocalPgBackendStatus *local = OutboxLocalBackendStatus(b);
 		if (local == nullptr || local->backendStatus.st_backendType != B_WAL_SENDER ||
 		    local->backendStatus.st_databaseid != InvalidOid) {
 			continue;
@@ -241,7 +237,7 @@ ReadSenders(Sender *senders) {
 			}
 		}
 	}
-	pgstat_clear_backend_activity_snapshot();
+	OutboxClearBackendStatusCopy();
 	// Walsenders not (or no longer) in the status array, and logical ones, drop out.
 	for (int i = 0; i < n; i++) {
 		if (senders[i].name[0] != '\0') {
