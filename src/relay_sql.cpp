@@ -651,7 +651,9 @@ constexpr int kMaxPassedOverKeys = 1000;
 // A stop (the timer cancels the standby wait after the grace, as it does a statement) ends the
 // wait: then nothing is published, and the caller lets the batch go. (A pg_cancel_backend of the
 // worker during the wait ends it with a WARNING only, as it ends a commit's: the batch goes out.)
-// So does a failover standby that did not confirm in time (outbox.failover_on_timeout = wait).
+// So does a failover standby that did not confirm in time (outbox.failover_on_timeout = wait):
+// the caller lets the batch go the same way, and the worker waits for the standby before its
+// next claim (HeldBackForStandbys).
 bool
 FlushBeforePublish() {
 	XLogRecPtr upto = GetXLogInsertRecPtr();
@@ -830,7 +832,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 		return TableState::Ready;
 	}
 	if (!FlushBeforePublish()) {
-		batch->n = 0; // stopping, or held back for a standby: the rows stay pending, unlocked by the commit
+		batch->n = 0; // stopping: the rows stay pending, unlocked by the commit
 		EndStep();
 		return TableState::Ready;
 	}
