@@ -14,6 +14,8 @@ ALTER SYSTEM SET outbox.workers = 33;
 ALTER SYSTEM SET outbox.batch_size = 0;
 ALTER SYSTEM SET outbox.message_timestamp = 'create';
 ALTER SYSTEM SET outbox.traceparent = '00-00000000000000000000000000000000-b7ad6b7169203331-01';
+ALTER SYSTEM SET outbox.failover_standbys = 'ANY 3 (a, b)';
+ALTER SYSTEM SET outbox.failover_standby_lsn = 'write';
 SELECT count(*) AS nothing_written FROM pg_file_settings WHERE name LIKE 'outbox.%' AND sourcefile LIKE '%auto.conf';
 -- Superusers can read the secret-holding setting (roles without privileges cannot, see privileges).
 SHOW outbox.kafka_properties;

@@ -3,6 +3,8 @@
 
 #include "boundary.hpp"
 #include "trace_context.hpp"
+#include "pg_include.hpp"
+#include "standby_wait.hpp"
 
 namespace outbox {
 
@@ -59,6 +61,46 @@ outbox_check_traceparent(char **newval, void **extra, GucSource source) {
 extern "C" bool
 outbox_check_tracestate(char **newval, void **extra, GucSource source) {
 	return CallFromPostgres("outbox_check_tracestate", CheckTracestate, newval, extra, source);
+}
+
+const struct config_enum_entry kStandbyLsns[] = {
+    {"flush", int(StandbyLsn::Flush), false},
+    {"replay", int(StandbyLsn::Replay), false},
+    {nullptr, 0, false},
+};
+
+const struct config_enum_entry kFailoverTimeoutPolicies[] = {
+    {"wait", int(FailoverTimeoutPolicy::Wait), false},
+    {"publish", int(FailoverTimeoutPolicy::Publish), false},
+    {nullptr, 0, false},
+};
+
+// Failover-safe publishing (standby_wait.cpp, README "Failover-safe publishing"). SIGHUP: which
+// standbys a failover may go to is the operator's decision, not a session's.
+void
+DefineFailoverSettings() {
+	DefineCustomStringVariable(
+	    "outbox.failover_standbys", "Standbys that must have a batch's WAL before the relay publishes it (empty: off).",
+	    "Their application_name: 'a, b' (all of them), 'ANY n (a, b)' (n of them) or 'ANY n (*)' (any n "
+	    "standbys). Keeps Kafka from holding events that a failover to one of them would lose.",
+	    &settings.failover_standbys, "", PGC_SIGHUP, 0, CheckFailoverStandbys, AssignFailoverStandbys, nullptr);
+	DefineCustomEnumVariable("outbox.failover_standby_lsn",
+	                         "Which position of the failover standbys must reach the batch's WAL.",
+	                         "flush (on the standby's disk) or replay (also visible to its queries).",
+	                         &settings.failover_standby_lsn, int(StandbyLsn::Flush), kStandbyLsns, PGC_SIGHUP, 0,
+	                         nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.failover_wait_timeout",
+	                        "How long a claimed batch waits for the failover standbys.",
+	                        "The batch's rows stay locked meanwhile; then outbox.failover_on_timeout decides.",
+	                        &settings.failover_wait_timeout_ms, 10000, 0, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+	                        nullptr, nullptr);
+	DefineCustomEnumVariable("outbox.failover_on_timeout",
+	                         "What a batch does when the failover standbys did not confirm it in time.",
+	                         "wait (default): not published; the rows are released and the relay waits for the "
+	                         "standbys, state 'waiting for standby'. publish: published anyway (a failover may "
+	                         "then lose business rows whose events Kafka has).",
+	                         &settings.failover_on_timeout, int(FailoverTimeoutPolicy::Wait),
+	                         kFailoverTimeoutPolicies, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 }
 
 } // namespace
@@ -161,6 +203,7 @@ DefineSettings() {
 	DefineCustomIntVariable("outbox.statement_timeout", "Longest a relay statement may run.", nullptr,
 	                        &settings.statement_timeout_ms, 60000, 1, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
 	                        nullptr, nullptr);
+	DefineFailoverSettings();
 #ifdef OUTBOX_TEST_SEAMS
 	DefineCustomStringVariable("outbox.test_crash_after_ack", "Test only: crash the relay after this event is acked.",
 	                           nullptr, &settings.test_crash_after_ack, "", PGC_SIGHUP,

@@ -7,6 +7,10 @@ enum class FailedEventPolicy { BlockKey = 0, Skip = 1 };
 
 // The Kafka record's timestamp (CreateTime): the row's created_at, or the producer's clock.
 enum class MessageTimestamp { Commit = 0, Publish = 1 };
+// Failover-safe publishing (standby_wait.cpp): which standby position counts, and what a batch
+// does when the standbys have not reached it within outbox.failover_wait_timeout.
+enum class StandbyLsn { Flush = 0, Replay = 1 };
+enum class FailoverTimeoutPolicy { Wait = 0, Publish = 1 };
 
 struct Settings {
 	// Relay topology (postmaster start only).
@@ -44,6 +48,12 @@ struct Settings {
 	// Bounds on the relay's own statements.
 	int lock_timeout_ms;
 	int statement_timeout_ms;
+	// Failover-safe publishing (standby_wait.cpp): "" = off, "a, b" = all of them,
+	// "ANY n (a, b)" = n of them, "ANY n (*)" = any n standbys.
+	char *failover_standbys;
+	int failover_standby_lsn; // StandbyLsn
+	int failover_wait_timeout_ms;
+	int failover_on_timeout; // FailoverTimeoutPolicy
 #ifdef OUTBOX_TEST_SEAMS
 	// Test-only fault injection: die right after the broker acknowledged this event_id.
 	char *test_crash_after_ack;

@@ -40,6 +40,12 @@ extern "C" {
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
 #include "replication/syncrep.h"    // SyncRepWaitForLSN, as a commit waits for synchronous standbys
+#include "replication/walsender.h"  // max_wal_senders: failover-safe publishing (standby_wait.cpp)
+#include "replication/walsender_private.h" // WalSndCtl: the standbys' flush and replay positions
+#include "access/xlog_internal.h"   // SizeOfXLogShortPHD: a WAL position just past a page header
+#if PG_VERSION_NUM >= 140000
+#include "utils/backend_status.h"   // a walsender's application_name (pgstat.h before 14)
+#endif
 #include "storage/bufmgr.h"         // the relay's error recovery releases what a transaction would
 #include "storage/fd.h"
 #include "storage/ipc.h"            // before_shmem_exit, shmem hooks
@@ -86,6 +92,17 @@ extern "C" {
 #define OutboxLocalTransactionId() (MyProc->vxid.lxid)
 #else
 #define OutboxLocalTransactionId() (MyProc->lxid)
+#endif
+// The backend status array's local copy (standby_wait.cpp): read by index, dropped to see it anew.
+#if PG_VERSION_NUM >= 160000
+#define OutboxLocalBackendStatus(index) pgstat_get_local_beentry_by_index(index)
+#else
+#define OutboxLocalBackendStatus(index) pgstat_fetch_stat_local_beentry(index)
+#endif
+#if PG_VERSION_NUM >= 150000
+#define OutboxClearBackendStatusCopy() pgstat_clear_backend_activity_snapshot()
+#else
+#define OutboxClearBackendStatusCopy() pgstat_clear_snapshot()
 #endif
 #if PG_VERSION_NUM >= 150000
 #define OUTBOX_HAS_SHMEM_REQUEST_HOOK 1

@@ -5,6 +5,7 @@
 #include "cloudevent_headers.hpp"
 #include "guc.hpp"
 #include "kafka_names.hpp"
+#include "standby_wait.hpp"
 
 namespace outbox {
 
@@ -686,12 +687,16 @@ InsertedWalEnd() {
 // a crash could undo it after its event was published. Every commit the claim saw is in the WAL
 // below the current insert position: flush up to there (a no-op when it already is) and, like a
 // commit, wait for the synchronous standbys.
+// Then, with outbox.failover_standbys, wait for those standbys to have it too (standby_wait.cpp).
 // A stop (the timer cancels the standby wait after the grace, as it does a statement) ends the
 // wait: then nothing is published, and the caller lets the batch go. (A pg_cancel_backend of the
 // worker during the wait ends it with a WARNING only, as it ends a commit's: the batch goes out.)
 // (The end of the WAL inserted so far, not GetXLogInsertRecPtr: when the last record ends on a
 // page boundary, that points past the next page's header, which nothing has written yet, and
 // XLogFlush to it fails with "xlog flush request ... is not satisfied".)
+// So does a failover standby that did not confirm in time (outbox.failover_on_timeout = wait):
+// the caller lets the batch go the same way, and the worker waits for the standby before its
+// next claim (HeldBackForStandbys).
 bool
 FlushBeforePublish() {
 	XLogRecPtr upto = InsertedWalEnd();
@@ -700,7 +705,7 @@ FlushBeforePublish() {
 	SyncRepWaitForLSN(upto, false);
 	DisarmStopCheck();
 	CHECK_FOR_INTERRUPTS();
-	return !ShutdownRequestPending;
+	return !ShutdownRequestPending && WaitForFailoverStandbys(upto) == StandbyWait::Reached;
 }
 
 int

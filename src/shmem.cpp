@@ -132,6 +132,8 @@ WorkerStateName(WorkerState s) {
 		return "misconfigured";
 	case WorkerState::NoExtension:
 		return "extension not installed";
+	case WorkerState::WaitingForStandby:
+		return "waiting for standby";
 	}
 	return "unknown";
 }

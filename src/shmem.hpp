@@ -18,6 +18,7 @@ enum class WorkerState : int {
 	BackingOff,
 	Misconfigured,
 	NoExtension,
+	WaitingForStandby, // failover-safe publishing: a standby of outbox.failover_standbys lags or is gone
 };
 
 enum class BrokerState : int { Unknown = 0, Up, Down };

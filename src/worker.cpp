@@ -19,6 +19,7 @@
 #include "relay_sql.hpp"
 #include "shmem.hpp"
 #include "wait_events.hpp"
+#include "standby_wait.hpp"
 
 namespace outbox {
 
@@ -1005,6 +1006,11 @@ RelayMain(Datum arg) {
 			NoteNoBrokerReachable();
 			continue;
 		}
+		// The last batch was held back for a lagging failover standby: claim (and lock) nothing
+		// until it has caught up (standby_wait.cpp).
+		if (!WaitForHeldBackStandbys(settings.poll_interval_ms)) {
+			continue;
+		}
 		SetWorkerState(slot, WorkerState::Claiming);
 		Batch batch{0, nullptr};
 		int64 requeued = 0;
@@ -1020,6 +1026,9 @@ RelayMain(Datum arg) {
 			continue;
 		}
 		last_table_state = table;
+		if (batch.n == 0 && HeldBackForStandbys()) {
+			continue; // state 'waiting for standby'; the wait is at the top
+		}
 		if (batch.n == 0) {
 			SetWorkerState(slot, WorkerState::Idle);
 			long sleep_ms = settings.poll_interval_ms;

@@ -148,8 +148,9 @@ def test_a_keys_events_on_four_topics_go_in_one_batch_in_order_per_topic_and_key
             expected[topic].setdefault(key, []).append(eid)
         c.commit()
     pg.wait_published(400)
-    # One batch: one record statement, one transaction, one published_at.
-    assert pg.value("SELECT count(DISTINCT published_at) FROM outbox.events") == 1
+    # One batch: one claim transaction recorded every row (its acks may be recorded in several
+    # statements while the rest is in flight, so published_at may differ; the writer may not).
+    assert pg.value("SELECT count(DISTINCT xmin::text) FROM outbox.events") == 1
     for topic in SUBSCRIPTION_TOPICS:
         records = read_topic(mock_cluster.bootstrap, topic, 100, settle=True)
         check = check_delivery(records, expected[topic])

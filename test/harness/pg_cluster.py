@@ -177,6 +177,35 @@ class PgCluster:
         return wait_until(lambda: self.value("SELECT count(*) FROM outbox.events WHERE status = 'published'") >= n,
                           timeout, f"{n} events published")
 
+    # -- replication (test_failover.py) ------------------------------------------------------
+    def make_standby(self, application_name, settings=None):
+        """A streaming standby of this (running) cluster: pg_basebackup -R into a temp dir of its
+        own, its own port and socket, `application_name` in primary_conninfo (the name the
+        primary's outbox.failover_standbys and pg_stat_replication know it by). Returned
+        configured, not started; the caller cleans it up."""
+        standby = PgCluster(settings=settings, database=self.database, create_extension=False)
+        subprocess.run(["pg_basebackup", "-h", self.tmp, "-p", str(self.port), "-U", "postgres",
+                        "-D", standby.datadir, "-R", "-X", "stream", "-c", "fast", "--no-sync"],
+                       check=True, stdout=subprocess.DEVNULL)
+        # The copied postgresql.conf is the primary's: the standby's own lines go after it.
+        standby.init()
+        with open(os.path.join(standby.datadir, "postgresql.auto.conf"), "a") as f:
+            f.write(f"primary_conninfo = 'host={self.tmp} port={self.port} user=postgres "
+                    f"application_name={application_name}'\n")
+        return standby
+
+    def wait_streaming(self, application_name, timeout=60):
+        return wait_until(lambda: self.value("SELECT count(*) FROM pg_stat_replication "
+                                             "WHERE application_name = %s AND state = 'streaming'",
+                                             (application_name,), dbname="postgres"),
+                          timeout, f"standby {application_name} streaming")
+
+    def promote(self, timeout=60):
+        subprocess.run(["pg_ctl", "-D", self.datadir, "-w", "-t", str(timeout), "promote"],
+                       check=True, stdout=subprocess.DEVNULL)
+        wait_until(lambda: self.value("SELECT NOT pg_is_in_recovery()", dbname="postgres"), timeout,
+                   "promotion")
+
     def assert_no_crash_in_log(self):
         found = crash_watch.crashes(self.log(), self.watch.data["expected_kills"])
         assert not found, "\n".join(found)
