@@ -33,8 +33,29 @@ TextHeader(const char *name, const char *value) {
 
 int64
 UnixMillis(TimestampTz t) {
+	if (TIMESTAMP_NOT_FINITE(t)) {
+		return 0; // written by hand past the table's checks: infinity + the offset would overflow
+	}
 	int64 ms = (t + kUnixEpochOffsetUs) / 1000;
 	return ms > 0 ? ms : 0;
+}
+
+const char *
+CloudEventProblem(const ClaimedEvent &e, const char *content_type, const char *type, const char *source,
+                  TimestampTz created_at) {
+	if (content_type[0] == '\0' || (type && type[0] == '\0') || (source && source[0] == '\0')) {
+		return "quarantined: a CloudEvents attribute (ce_content_type, ce_type, ce_source) is empty";
+	}
+	for (int h = 0; h < e.n_headers; h++) {
+		if (cloudevents::IsEnvelopeHeader(e.headers[h].name, strlen(e.headers[h].name))) {
+			return psprintf("quarantined: a CloudEvent's own header is named \"%s\", which the envelope writes",
+			                e.headers[h].name);
+		}
+	}
+	if (TIMESTAMP_NOT_FINITE(created_at) || !cloudevents::TimeRepresentable(created_at + kUnixEpochOffsetUs)) {
+		return "quarantined: created_at is outside the years 0001 to 9999 that ce_time (RFC 3339) can state";
+	}
+	return nullptr;
 }
 
 void

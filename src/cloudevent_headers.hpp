@@ -7,12 +7,19 @@
 namespace outbox {
 
 // Milliseconds since the Unix epoch (a Kafka record's timestamp); 0 (the producer's clock) for
-// a time before it.
+// a time before it or not finite.
 int64 UnixMillis(TimestampTz t);
 
 // Appends the envelope to e.headers: ce_specversion 1.0, ce_id = event_id, ce_source (`source`,
 // else outbox.cloudevents_source, else /outbox/<outbox.database>), ce_type (`type`, else the
 // topic), ce_time = created_at, and content-type unless the event is a tombstone (no data).
+// Why a claimed row cannot be published as the CloudEvent its columns make (only a row written by
+// hand, past the table's checks, can be like that), or nullptr: an empty attribute, a header of
+// its own named ce_* or content-type (a second, conflicting attribute), a created_at that ce_time
+// cannot state.
+const char *CloudEventProblem(const ClaimedEvent &e, const char *content_type, const char *type,
+                              const char *source, TimestampTz created_at);
+
 void AddCloudEventHeaders(ClaimedEvent &e, const char *content_type, const char *type, const char *source,
                           TimestampTz created_at);
 

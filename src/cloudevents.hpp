@@ -45,7 +45,16 @@ HeaderBytes(size_t id_len, size_t source_len, size_t type_len, size_t content_ty
 	               strlen(kContentTypeHeader) + content_type_len + 10 * kHeaderCount);
 }
 
-// Writes ce_time for a time in microseconds since the Unix epoch; buf holds kTimeLength + 1.
+// Whether ce_time can state this time (microseconds since the Unix epoch): RFC 3339 has
+// four-digit years, 0001 to 9999. A row written by hand may hold any timestamptz.
+inline bool
+TimeRepresentable(int64_t unix_us) noexcept {
+	constexpr int64_t kYear1 = -62135596800LL * 1000000, kYear10000 = 253402300800LL * 1000000;
+	return unix_us >= kYear1 && unix_us < kYear10000;
+}
+
+// Writes ce_time for a time in microseconds since the Unix epoch (TimeRepresentable); buf holds
+// kTimeLength + 1.
 inline void
 FormatTime(int64_t unix_us, char *buf) noexcept {
 	int64_t seconds = unix_us / 1000000, micros = unix_us % 1000000;

@@ -640,8 +640,12 @@ CopyEnvelope(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 	char *source = CopyText(tuple, desc, kFirst + 4, nullptr, &bad);
 	if (bad) {
 		e.quarantine = e.quarantine ? e.quarantine : "quarantined: a CloudEvents attribute is not valid UTF-8";
-	} else if (content_type) {
-		AddCloudEventHeaders(e, content_type, type, source, created_at);
+	} else if (content_type && e.quarantine == nullptr) {
+		if (const char *problem = CloudEventProblem(e, content_type, type, source, created_at)) {
+			e.quarantine = problem;
+		} else {
+			AddCloudEventHeaders(e, content_type, type, source, created_at);
+		}
 	}
 }
 

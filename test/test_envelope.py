@@ -176,3 +176,48 @@ def test_partition_the_topic_lacks_fails_at_once_and_holds_its_key(mock_cluster,
     # on_failed_event = block_key: the key's next event waits behind the failed one.
     assert status(behind)[0] == "pending"
     assert pg.value("SELECT count(*) FROM outbox.failed WHERE event_id = %s", (bad,)) == 1
+
+
+def test_hand_written_cloudevent_rows_the_envelope_cannot_state_are_quarantined(mock_cluster, make_relay):
+    """Rows past the table's checks (dropped by the owner): an empty attribute, a header of their
+    own named ce_*/content-type (a second, conflicting ce_id on the record), a created_at that
+    ce_time cannot write in RFC 3339. Each goes to failed with a reason, never to Kafka malformed;
+    the others publish and the worker does not restart."""
+    from test_safety import drop_check, insert_row, worker_pid
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    for check in ("events_lane_of_key_check", "events_cloudevent_check", "events_times_check"):
+        drop_check(pg, check)
+    pid = worker_pid(pg)
+    json_type = "application/json"
+    bad = {
+        "forged ce_id": insert_row(pg, key="a", headers='{"ce_id": "forged"}', ce_content_type=json_type),
+        "own content-type": insert_row(pg, key="b", headers='{"content-type": "x/y"}', ce_content_type=json_type),
+        "empty type": insert_row(pg, key="c", ce_content_type=json_type, ce_type=""),
+        "empty source": insert_row(pg, key="d", ce_content_type=json_type, ce_source=""),
+        "empty content type": insert_row(pg, key="e", ce_content_type=""),
+        "infinity": insert_row(pg, key="f", ce_content_type=json_type, created_at="infinity"),
+        "year 20000": insert_row(pg, key="g", ce_content_type=json_type, created_at="20000-01-01 00:00+00"),
+        "BC": insert_row(pg, key="h", ce_content_type=json_type, created_at="0044-03-15 00:00+00 BC"),
+    }
+    good = {
+        "year 9999": insert_row(pg, key="i", ce_content_type=json_type, created_at="9999-12-31 23:59:59.999999+00"),
+        "year 1": insert_row(pg, key="j", ce_content_type=json_type, created_at="0001-01-01 00:00+00"),
+        "plain, infinite": insert_row(pg, key="k", created_at="infinity"),
+    }
+
+    def status(row):
+        return pg.sql("SELECT status, last_error FROM outbox.events WHERE id = %s", (row[0],))[0]
+
+    wait_until(lambda: all(status(r)[0] != "pending" for r in [*bad.values(), *good.values()]), 60, "all settled")
+    for what, row in bad.items():
+        state, reason = status(row)
+        assert state == "failed" and reason.startswith("quarantined: "), (what, state, reason)
+    assert {what: status(row)[0] for what, row in good.items()} == dict.fromkeys(good, "published")
+    records = by_event_id(read_topic(mock_cluster.bootstrap, "billing", len(good), settle=True))
+    assert set(records) == {row[1] for row in good.values()}
+    ce_times = {what: dict(records[row[1]].raw_headers).get("ce_time") for what, row in good.items()}
+    assert ce_times == {"year 9999": b"9999-12-31T23:59:59.999999Z", "year 1": b"0001-01-01T00:00:00.000000Z",
+                        "plain, infinite": None}
+    assert records[good["plain, infinite"][1]].timestamp[1] > 0  # the producer's clock
+    assert worker_pid(pg) == pid
