@@ -54,10 +54,14 @@ MetricsNow() {
 }
 
 void
-MetricsNoteStart(WorkerSlot *slot) {
+MetricsResetLocked(WorkerMetrics *metrics) {
 	early_record_seconds = 0;
+	memset(metrics, 0, sizeof(*metrics));
+}
+
+void
+MetricsNoteConnected(WorkerSlot *slot) {
 	SpinLockAcquire(&slot->mutex);
-	memset(&slot->metrics, 0, sizeof(slot->metrics));
 	slot->metrics.database = MyDatabaseId;
 	SpinLockRelease(&slot->mutex);
 }

@@ -39,8 +39,12 @@ struct WorkerMetrics {
 // Starting points for the timings: a monotonic clock.
 instr_time MetricsNow();
 
-// At worker start, once connected: zeroes the metrics and notes the database.
-void MetricsNoteStart(WorkerSlot *slot);
+// At worker start, with the slot's spinlock held, together with the slot's other per-run fields:
+// a scrape never sees the new run's start beside the previous run's counters (a start that
+// cannot connect waits minutes in the slot).
+void MetricsResetLocked(WorkerMetrics *metrics);
+// Once connected: notes the database.
+void MetricsNoteConnected(WorkerSlot *slot);
 void MetricsNoteClaim(WorkerSlot *slot, instr_time start);
 void MetricsNotePublish(WorkerSlot *slot, instr_time start);
 // Early records (acks recorded while the batch is in flight) add to the batch's record time.

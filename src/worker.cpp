@@ -895,6 +895,7 @@ Attach(int index) {
 	slot->published = 0;
 	slot->failed = 0;
 	slot->started_at = GetCurrentTimestamp();
+	MetricsResetLocked(&slot->metrics);
 	connect_failures = slot->connect_failures;
 	SpinLockRelease(&slot->mutex);
 	before_shmem_exit(OnExit, 0);
@@ -921,7 +922,7 @@ Attach(int index) {
 	SpinLockAcquire(&slot->mutex);
 	slot->connect_failures = 0;
 	SpinLockRelease(&slot->mutex);
-	MetricsNoteStart(slot);
+	MetricsNoteConnected(slot);
 
 	PinSessionSettings();
 	ResetDatabaseSettings();

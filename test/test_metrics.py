@@ -264,3 +264,23 @@ def test_worker_series_name_the_database_the_worker_serves(mock_cluster, make_re
     pg.sql("CREATE EXTENSION outbox", dbname="postgres")
     assert pg.sql("SELECT database, worker FROM outbox.worker_metrics ORDER BY worker", dbname="postgres") == \
         [("billing", 0), ("billing", 1)]
+
+
+def test_a_restarted_worker_shows_no_metrics_of_its_previous_run(mock_cluster, make_relay):
+    # DROP DATABASE of the relay's database stops the worker; its next start cannot connect and
+    # waits a minute as misconfigured. Its row must be the new run's throughout: published 0
+    # with the old run's batches (and the dropped database) beside it is a row no run ever had.
+    pg = make_relay(mock_cluster.bootstrap, database="billing")
+    pg.wait_workers_running(1)
+    pg.sql("CREATE EXTENSION outbox", dbname="postgres")  # where the metrics are read from now
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'x')", dbname="billing")
+    pg.wait_published(1)
+    old_pid = pg.worker_pids()[0]
+    wait_until(lambda: pg.sql("SELECT events_published, batches FROM outbox.worker_metrics", dbname="postgres") ==
+               [(1, 1)], 10, "the first run's batch counted")
+
+    pg.sql('DROP DATABASE "billing"', dbname="postgres")
+    row = wait_until(lambda: (lambda r: r if r[0][0] not in (None, old_pid) and r[0][1] == "misconfigured" else None)(
+        pg.sql("SELECT pid, state, database, events_published, batches, batch_size_count, claim_seconds_count, "
+               "backoffs FROM outbox.worker_metrics", dbname="postgres")), 60, "a new run waiting as misconfigured")
+    assert row[0][2:] == (None, 0, 0, 0, 0, 0), row
