@@ -388,13 +388,14 @@ LogRateLimited(int level, const char *what, const char *reason) {
 	                errhint("outbox.failover_standbys = '%s'", settings.failover_standbys)));
 }
 
-enum class Until { Reached, TimedOut, Stopped };
+enum class Until { Reached, TimedOut, Reloaded, Stopped };
 
-// Polls until the standbys have `target`, `timeout_ms` passes, or (with `end_on_reload`) a reload
-// is pending; serves interrupts and ends on a stop request or postmaster death.
+// Polls until the standbys have `target`, `timeout_ms` passes, or a reload is pending (the
+// setting may have changed: the wait must not outlast it, however long the timeout); serves
+// interrupts and ends on a stop request or postmaster death.
 // `reason` (kReasonSize) says which standbys are behind when it ends otherwise.
 Until
-Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
+Poll(XLogRecPtr target, long timeout_ms, char *reason) {
 	Sender *senders = static_cast<Sender *>(palloc(sizeof(Sender) * Max(max_wal_senders, 1)));
 	char reported[kReasonSize] = "";
 	char self[NAMEDATALEN];
@@ -419,7 +420,11 @@ Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
 			result = Until::Stopped;
 			break;
 		}
-		if (waited >= timeout_ms || (end_on_reload && ConfigReloadPending)) {
+		if (ConfigReloadPending) {
+			result = Until::Reloaded;
+			break;
+		}
+		if (waited >= timeout_ms) {
 			result = Until::TimedOut;
 			break;
 		}
@@ -433,7 +438,7 @@ Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
 		slice_ms = Min(slice_ms * 2, kMaxSliceMs);
 	}
 	pfree(senders);
-	if (result == Until::TimedOut) {
+	if (result == Until::TimedOut || result == Until::Reloaded) {
 		// What the view shows for the wait that just ended (also one shorter than kReportAfterMs).
 		Report(WorkerState::WaitingForStandby, reason);
 	}
@@ -483,11 +488,16 @@ WaitForFailoverStandbys(XLogRecPtr flushed) {
 	}
 	XLogRecPtr target = TargetOf(flushed);
 	char reason[kReasonSize];
-	switch (Poll(target, settings.failover_wait_timeout_ms, false, reason)) {
+	switch (Poll(target, settings.failover_wait_timeout_ms, reason)) {
 	case Until::Reached:
 		return StandbyWait::Reached;
 	case Until::Stopped:
 		return StandbyWait::Stopped;
+	case Until::Reloaded:
+		// Not a timeout (with publish it would publish unconfirmed): released unpublished, the
+		// worker reloads and WaitForHeldBackStandbys goes on with the new value.
+		held_back_lsn = target;
+		return StandbyWait::HeldBack;
 	case Until::TimedOut:
 		break;
 	}
@@ -521,7 +531,7 @@ WaitForHeldBackStandbys(long max_ms) {
 		SetWorkerState(slot, WorkerState::WaitingForStandby); // the reason is in last_error already
 	}
 	char reason[kReasonSize];
-	if (Poll(held_back_lsn, max_ms, true, reason) != Until::Reached) {
+	if (Poll(held_back_lsn, max_ms, reason) != Until::Reached) {
 		return false;
 	}
 	held_back_lsn = InvalidXLogRecPtr;

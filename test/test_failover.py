@@ -230,3 +230,38 @@ def test_failover_settings_are_the_operators(make_relay):
         pg.sql("ALTER SYSTEM SET outbox.failover_standby_lsn = 'write'")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         pg.sql("ALTER SYSTEM SET outbox.failover_on_timeout = 'maybe'")
+
+
+def test_a_reload_during_a_long_wait_takes_effect_at_once(mock_cluster, make_relay, standbys):
+    """An operator who turns the setting off while a batch waits (failover_wait_timeout 1h) sees
+    the batch go now, not after the hour: a reload ends the claim's wait (the batch is released
+    unpublished, whatever failover_on_timeout says) and the next claim runs with the new value."""
+    primary, standby = primary_with_standby(mock_cluster, make_relay, standbys, failover_standbys=STANDBY,
+                                            failover_wait_timeout="1h", failover_on_timeout="publish")
+    standby.stop()
+    event = enqueue(primary, "k1")
+    wait_waiting_for_standby(primary, event, "not connected")
+    # An unrelated reload publishes nothing (with publish, only the timeout may).
+    primary.set(poll_interval="999ms")
+    wait_until(lambda: primary.value("SHOW outbox.poll_interval") == "999ms", 30, "reloaded")
+    wait_waiting_for_standby(primary, event, "not connected")
+    assert status_of(primary, event) == "pending" and kafka_ids(mock_cluster) == set()
+    primary.set(failover_standbys="")
+    wait_until(lambda: status_of(primary, event) == "published", 60, "published once the setting is off")
+    assert kafka_ids(mock_cluster, 1) == {event}
+
+
+def test_a_cancel_during_the_wait_publishes_nothing(mock_cluster, make_relay, standbys):
+    primary, standby = primary_with_standby(mock_cluster, make_relay, standbys, failover_standbys=STANDBY,
+                                            failover_wait_timeout="1h")
+    standby.stop()
+    event = enqueue(primary, "k1")
+    wait_waiting_for_standby(primary, event, "not connected")
+    pid = primary.value("SELECT pid FROM outbox.workers WHERE worker = 0")
+    primary.sql("SELECT pg_cancel_backend(%s)", (pid,))
+    wait_until(lambda: "canceling statement due to user request" in primary.log(), 60, "the cancel served")
+    wait_waiting_for_standby(primary, event, "not connected")
+    assert primary.value("SELECT pid FROM outbox.workers WHERE worker = 0") == pid
+    assert kafka_ids(mock_cluster) == set()
+    standby.start()
+    wait_until(lambda: status_of(primary, event) == "published", 60, "published once the standby is back")
