@@ -247,15 +247,18 @@ ReadSenders(Sender *senders) {
 	return named;
 }
 
-// The best position any walsender of this name reported; false when none is connected.
+// The worst position any walsender of this name reported (a failover may go to any node that
+// streams under the name: two standbys misnamed alike must both have the WAL; a standby's
+// lingering old walsender holds the wait until wal_sender_timeout ends it); false when none is
+// connected.
 bool
 PositionOf(const char *name, const Sender *senders, int n, XLogRecPtr *lsn) {
 	bool found = false;
 	*lsn = InvalidXLogRecPtr;
 	for (int i = 0; i < n; i++) {
 		if (pg_strcasecmp(senders[i].name, name) == 0) {
+			*lsn = found ? Min(*lsn, senders[i].lsn) : senders[i].lsn;
 			found = true;
-			*lsn = Max(*lsn, senders[i].lsn);
 		}
 	}
 	return found;
@@ -288,7 +291,8 @@ DescribeLag(const char *name, bool connected, XLogRecPtr lsn, XLogRecPtr target,
 }
 
 // Whether enough of the named standbys have `target`; else `reason` names the ones behind.
-// `self`: this node's own name (OwnStandbyName), left out.
+// `self`: this node's own name (OwnStandbyName), left out unless a standby of that name streams
+// from this node (no node streams from itself: that one is another node, a failover target).
 bool
 StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLogRecPtr target, char *reason,
              size_t size) {
@@ -296,12 +300,15 @@ StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLo
 	int n = ReadSenders(senders);
 	int reached = 0, others = 0;
 	for (int k = 0; k < cfg.n; k++) {
-		if (strcmp(cfg.names[k], "*") == 0 || pg_strcasecmp(cfg.names[k], self) == 0) {
+		if (strcmp(cfg.names[k], "*") == 0) {
+			continue;
+		}
+		XLogRecPtr lsn;
+		bool connected = PositionOf(cfg.names[k], senders, n, &lsn);
+		if (!connected && pg_strcasecmp(cfg.names[k], self) == 0) {
 			continue;
 		}
 		others++;
-		XLogRecPtr lsn;
-		bool connected = PositionOf(cfg.names[k], senders, n, &lsn);
 		if (connected && lsn >= target) {
 			reached++;
 		} else {
@@ -309,7 +316,7 @@ StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLo
 		}
 	}
 	if (cfg.wildcard) {
-		// Any standby counts, once per name (two walsenders of one name are one standby).
+		// Any standby counts, once per name (two walsenders of one name are one standby, at the worse position).
 		reached = 0;
 		int connected = 0;
 		for (int i = 0; i < n; i++) {
