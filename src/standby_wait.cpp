@@ -247,15 +247,18 @@ ReadSenders(Sender *senders) {
 	return named;
 }
 
-// The best position any walsender of this name reported; false when none is connected.
+// The worst position any walsender of this name reported (a failover may go to any node that
+// streams under the name: two standbys misnamed alike must both have the WAL; a standby's
+// lingering old walsender holds the wait until wal_sender_timeout ends it); false when none is
+// connected.
 bool
 PositionOf(const char *name, const Sender *senders, int n, XLogRecPtr *lsn) {
 	bool found = false;
 	*lsn = InvalidXLogRecPtr;
 	for (int i = 0; i < n; i++) {
 		if (pg_strcasecmp(senders[i].name, name) == 0) {
+			*lsn = found ? Min(*lsn, senders[i].lsn) : senders[i].lsn;
 			found = true;
-			*lsn = Max(*lsn, senders[i].lsn);
 		}
 	}
 	return found;
@@ -288,7 +291,8 @@ DescribeLag(const char *name, bool connected, XLogRecPtr lsn, XLogRecPtr target,
 }
 
 // Whether enough of the named standbys have `target`; else `reason` names the ones behind.
-// `self`: this node's own name (OwnStandbyName), left out.
+// `self`: this node's own name (OwnStandbyName), left out unless a standby of that name streams
+// from this node (no node streams from itself: that one is another node, a failover target).
 bool
 StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLogRecPtr target, char *reason,
              size_t size) {
@@ -296,12 +300,15 @@ StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLo
 	int n = ReadSenders(senders);
 	int reached = 0, others = 0;
 	for (int k = 0; k < cfg.n; k++) {
-		if (strcmp(cfg.names[k], "*") == 0 || pg_strcasecmp(cfg.names[k], self) == 0) {
+		if (strcmp(cfg.names[k], "*") == 0) {
+			continue;
+		}
+		XLogRecPtr lsn;
+		bool connected = PositionOf(cfg.names[k], senders, n, &lsn);
+		if (!connected && pg_strcasecmp(cfg.names[k], self) == 0) {
 			continue;
 		}
 		others++;
-		XLogRecPtr lsn;
-		bool connected = PositionOf(cfg.names[k], senders, n, &lsn);
 		if (connected && lsn >= target) {
 			reached++;
 		} else {
@@ -309,7 +316,7 @@ StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLo
 		}
 	}
 	if (cfg.wildcard) {
-		// Any standby counts, once per name (two walsenders of one name are one standby).
+		// Any standby counts, once per name (two walsenders of one name are one standby, at the worse position).
 		reached = 0;
 		int connected = 0;
 		for (int i = 0; i < n; i++) {
@@ -388,13 +395,14 @@ LogRateLimited(int level, const char *what, const char *reason) {
 	                errhint("outbox.failover_standbys = '%s'", settings.failover_standbys)));
 }
 
-enum class Until { Reached, TimedOut, Stopped };
+enum class Until { Reached, TimedOut, Reloaded, Stopped };
 
-// Polls until the standbys have `target`, `timeout_ms` passes, or (with `end_on_reload`) a reload
-// is pending; serves interrupts and ends on a stop request or postmaster death.
+// Polls until the standbys have `target`, `timeout_ms` passes, or a reload is pending (the
+// setting may have changed: the wait must not outlast it, however long the timeout); serves
+// interrupts and ends on a stop request or postmaster death.
 // `reason` (kReasonSize) says which standbys are behind when it ends otherwise.
 Until
-Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
+Poll(XLogRecPtr target, long timeout_ms, char *reason) {
 	Sender *senders = static_cast<Sender *>(palloc(sizeof(Sender) * Max(max_wal_senders, 1)));
 	char reported[kReasonSize] = "";
 	char self[NAMEDATALEN];
@@ -419,7 +427,11 @@ Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
 			result = Until::Stopped;
 			break;
 		}
-		if (waited >= timeout_ms || (end_on_reload && ConfigReloadPending)) {
+		if (ConfigReloadPending) {
+			result = Until::Reloaded;
+			break;
+		}
+		if (waited >= timeout_ms) {
 			result = Until::TimedOut;
 			break;
 		}
@@ -433,7 +445,7 @@ Poll(XLogRecPtr target, long timeout_ms, bool end_on_reload, char *reason) {
 		slice_ms = Min(slice_ms * 2, kMaxSliceMs);
 	}
 	pfree(senders);
-	if (result == Until::TimedOut) {
+	if (result == Until::TimedOut || result == Until::Reloaded) {
 		// What the view shows for the wait that just ended (also one shorter than kReportAfterMs).
 		Report(WorkerState::WaitingForStandby, reason);
 	}
@@ -483,11 +495,16 @@ WaitForFailoverStandbys(XLogRecPtr flushed) {
 	}
 	XLogRecPtr target = TargetOf(flushed);
 	char reason[kReasonSize];
-	switch (Poll(target, settings.failover_wait_timeout_ms, false, reason)) {
+	switch (Poll(target, settings.failover_wait_timeout_ms, reason)) {
 	case Until::Reached:
 		return StandbyWait::Reached;
 	case Until::Stopped:
 		return StandbyWait::Stopped;
+	case Until::Reloaded:
+		// Not a timeout (with publish it would publish unconfirmed): released unpublished, the
+		// worker reloads and WaitForHeldBackStandbys goes on with the new value.
+		held_back_lsn = target;
+		return StandbyWait::HeldBack;
 	case Until::TimedOut:
 		break;
 	}
@@ -521,7 +538,7 @@ WaitForHeldBackStandbys(long max_ms) {
 		SetWorkerState(slot, WorkerState::WaitingForStandby); // the reason is in last_error already
 	}
 	char reason[kReasonSize];
-	if (Poll(held_back_lsn, max_ms, true, reason) != Until::Reached) {
+	if (Poll(held_back_lsn, max_ms, reason) != Until::Reached) {
 		return false;
 	}
 	held_back_lsn = InvalidXLogRecPtr;

@@ -230,3 +230,84 @@ def test_failover_settings_are_the_operators(make_relay):
         pg.sql("ALTER SYSTEM SET outbox.failover_standby_lsn = 'write'")
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         pg.sql("ALTER SYSTEM SET outbox.failover_on_timeout = 'maybe'")
+
+
+def test_a_reload_during_a_long_wait_takes_effect_at_once(mock_cluster, make_relay, standbys):
+    """An operator who turns the setting off while a batch waits (failover_wait_timeout 1h) sees
+    the batch go now, not after the hour: a reload ends the claim's wait (the batch is released
+    unpublished, whatever failover_on_timeout says) and the next claim runs with the new value."""
+    primary, standby = primary_with_standby(mock_cluster, make_relay, standbys, failover_standbys=STANDBY,
+                                            failover_wait_timeout="1h", failover_on_timeout="publish")
+    standby.stop()
+    event = enqueue(primary, "k1")
+    wait_waiting_for_standby(primary, event, "not connected")
+    # An unrelated reload publishes nothing (with publish, only the timeout may).
+    primary.set(poll_interval="999ms")
+    wait_until(lambda: primary.value("SHOW outbox.poll_interval") == "999ms", 30, "reloaded")
+    wait_waiting_for_standby(primary, event, "not connected")
+    assert status_of(primary, event) == "pending" and kafka_ids(mock_cluster) == set()
+    primary.set(failover_standbys="")
+    wait_until(lambda: status_of(primary, event) == "published", 60, "published once the setting is off")
+    assert kafka_ids(mock_cluster, 1) == {event}
+
+
+def test_a_cancel_during_the_wait_publishes_nothing(mock_cluster, make_relay, standbys):
+    primary, standby = primary_with_standby(mock_cluster, make_relay, standbys, failover_standbys=STANDBY,
+                                            failover_wait_timeout="1h")
+    standby.stop()
+    event = enqueue(primary, "k1")
+    wait_waiting_for_standby(primary, event, "not connected")
+    pid = primary.value("SELECT pid FROM outbox.workers WHERE worker = 0")
+    primary.sql("SELECT pg_cancel_backend(%s)", (pid,))
+    wait_until(lambda: "canceling statement due to user request" in primary.log(), 60, "the cancel served")
+    wait_waiting_for_standby(primary, event, "not connected")
+    assert primary.value("SELECT pid FROM outbox.workers WHERE worker = 0") == pid
+    assert kafka_ids(mock_cluster) == set()
+    standby.start()
+    wait_until(lambda: status_of(primary, event) == "published", 60, "published once the standby is back")
+
+
+def wait_streaming_count(primary, n):
+    return wait_until(lambda: primary.value("SELECT count(*) FROM pg_stat_replication WHERE application_name = %s "
+                                            "AND state = 'streaming'", (STANDBY,), dbname="postgres") >= n,
+                      60, f"{n} standbys streaming as {STANDBY}")
+
+
+def test_two_standbys_of_one_name_must_both_have_the_batch(mock_cluster, make_relay, standbys):
+    """Two standbys misnamed alike: a failover may go to either, so the one that lags holds the
+    batch (the better of the two would let Kafka get what a failover to the other loses)."""
+    primary, first = primary_with_standby(mock_cluster, make_relay, standbys, failover_standbys=STANDBY,
+                                          failover_standby_lsn="replay")
+    second = primary.make_standby(STANDBY)
+    standbys.append(second)
+    second.start()
+    wait_streaming_count(primary, 2)
+    second.sql("SELECT pg_wal_replay_pause()", dbname="postgres")
+    event = enqueue(primary, "k1")
+    wait_waiting_for_standby(primary, event, f'standby "{STANDBY}" replayed')
+    assert kafka_ids(mock_cluster) == set()
+    second.sql("SELECT pg_wal_replay_resume()", dbname="postgres")
+    wait_until(lambda: status_of(primary, event) == "published", 60, "published once both replayed it")
+
+
+def test_a_standby_under_the_nodes_own_name_counts_while_it_streams(mock_cluster, make_relay, standbys):
+    """A promoted standby1 keeps application_name=standby1 in its primary_conninfo; the old primary,
+    rebuilt as its standby under the name the setting lists, streams from it as standby1: that is
+    another node, not itself, and must have the batch."""
+    primary = make_relay(mock_cluster.bootstrap, failover_standbys=STANDBY, failover_wait_timeout="1s",
+                         failover_standby_lsn="replay")
+    primary.sql(f"ALTER SYSTEM SET primary_conninfo = 'host=/nonexistent application_name={STANDBY}'",
+                dbname="postgres")
+    primary.reload()
+    primary.wait_workers_running(1)
+    standby = primary.make_standby(STANDBY)
+    standbys.append(standby)
+    standby.start()
+    primary.wait_streaming(STANDBY)
+    standby.sql("SELECT pg_wal_replay_pause()", dbname="postgres")
+    event = enqueue(primary, "k1")
+    wait_waiting_for_standby(primary, event, f'standby "{STANDBY}" replayed')
+    assert kafka_ids(mock_cluster) == set()
+    # Gone, it is indistinguishable from the node's own name: left out, the batch goes.
+    standby.stop()
+    wait_until(lambda: status_of(primary, event) == "published", 60, "published with only its own name missing")
