@@ -12,8 +12,8 @@ enum class PayloadKind { Jsonb, Text, Bytea };
 
 constexpr int64 kHeaderFramingBytes = 10;
 
-// Workers to wake at commit: one bit per worker that owns a lane this transaction wrote to.
-uint32 wake_mask = 0;
+// Lanes this transaction wrote to: at commit, the workers of this database owning them are woken.
+outbox::LaneMask wake_lanes = {};
 bool xact_callback_registered = false;
 
 void
@@ -22,15 +22,15 @@ OnTransactionEnd(XactEvent event, void *) {
 	case XACT_EVENT_COMMIT:
 	case XACT_EVENT_PARALLEL_COMMIT:
 		// Called after the commit is visible to other snapshots: the woken worker sees the rows.
-		outbox::WakeWorkers(wake_mask);
-		wake_mask = 0;
+		outbox::WakeWorkers(MyDatabaseId, wake_lanes);
+		wake_lanes = {};
 		break;
 	case XACT_EVENT_ABORT:
 	case XACT_EVENT_PARALLEL_ABORT:
 	case XACT_EVENT_PREPARE:
 		// A prepared transaction does not wake the relay when COMMIT PREPARED runs later; the
 		// poll interval picks its events up (README "Settings": outbox.poll_interval).
-		wake_mask = 0;
+		wake_lanes = {};
 		break;
 	default:
 		break;
@@ -276,13 +276,11 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	if (commit_order) {
 		outbox::NoteKeyedRow(topic, key, id, order_lsn);
 	}
-	if (outbox::settings.workers > 0) {
-		if (!xact_callback_registered) {
-			RegisterXactCallback(outbox_xact_callback, nullptr);
-			xact_callback_registered = true;
-		}
-		wake_mask |= 1u << (lane % outbox::settings.workers);
+	if (!xact_callback_registered) {
+		RegisterXactCallback(outbox_xact_callback, nullptr);
+		xact_callback_registered = true;
 	}
+	wake_lanes.bits[lane / 64] |= uint64(1) << (lane % 64);
 	PG_RETURN_UUID_P(event_id);
 }
 
