@@ -1,6 +1,7 @@
 // Definitions of the outbox.* settings. Structural ones need a restart; the rest reload on SIGHUP.
 #include "guc.hpp"
 
+#include "boundary.hpp"
 #include "pg_include.hpp"
 
 namespace outbox {
@@ -15,7 +16,29 @@ const struct config_enum_entry kFailedEventPolicies[] = {
     {nullptr, 0, false},
 };
 
+// outbox.workers comes from the configuration files or ALTER DATABASE ... SET, which a
+// relay worker sees at connect; a SET in a session (or a function's SET clause) would change
+// nothing, so it is refused rather than silently ignored.
+bool
+CheckWorkersSource(int *, void **, GucSource source) {
+	if (source < PGC_S_SESSION) {
+		return true;
+	}
+	GUC_check_errcode(ERRCODE_CANT_CHANGE_RUNTIME_PARAM);
+	GUC_check_errmsg("outbox.workers cannot be set in a session");
+	GUC_check_errhint("Set it per database: ALTER DATABASE name SET outbox.workers = n (that database's relay "
+	                  "restarts with it), or for every database in postgresql.conf and reload.");
+	return false;
+}
+
 } // namespace
+
+extern "C" {
+static bool
+outbox_check_workers(int *newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_workers", CheckWorkersSource, newval, extra, source);
+}
+}
 
 void
 DefineSettings() {
@@ -29,7 +52,7 @@ DefineSettings() {
 	DefineCustomIntVariable("outbox.workers", "Relay workers per database (0: no relay).",
 	                        "Set it per database with ALTER DATABASE ... SET outbox.workers. Each key is always "
 	                        "published by the same worker, so per-key order holds with any number.",
-	                        &settings.workers, 1, 0, kMaxWorkers, PGC_SUSET, 0, nullptr, nullptr, nullptr);
+	                        &settings.workers, 1, 0, kMaxWorkers, PGC_SUSET, 0, outbox_check_workers, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.max_workers", "Relay workers the whole cluster may run (0: no relay).",
 	                        "Each is a background worker: max_worker_processes must leave room for them and the "
 	                        "launcher. A database whose workers do not fit gets none (state 'no worker slot').",

@@ -50,6 +50,7 @@ struct Database {
 	TimestampTz next_probe;  // Missing: when to look again
 	TimestampTz not_before;  // no start before (restart delay, no slot)
 	bool stopping;           // the launcher asked its workers to stop
+	TimestampTz asked_at;    // a session's commit last asked to look at it
 	DatabaseState state;
 	char error[256];
 	TimestampTz error_at;
@@ -59,12 +60,13 @@ Database *databases = nullptr;
 int n_databases = 0;
 int databases_capacity = 0;
 BackgroundWorkerHandle *handles[kMaxSlots];
+TimestampTz registered_at[kMaxSlots];
 uint32 next_generation = 1;
 MemoryContext launcher_context = nullptr;
 
 // Sessions' requests for this transaction's commit (the hook notes them, the callback sends).
 constexpr int kMaxPendingProbes = 4;
-Oid pending_probe[kMaxPendingProbes];
+LauncherRequest pending_probe[kMaxPendingProbes];
 int n_pending_probe = 0;
 bool pending_rescan = false;
 bool pending_wake_workers = false;
@@ -107,7 +109,7 @@ OnTransactionEnd(XactEvent event, void *) {
 			SpinLockAcquire(&shared->launcher.mutex);
 			shared->launcher.rescan = true;
 			for (int i = 0; i < n_pending_probe; i++) {
-				if (pending_probe[i] == InvalidOid || shared->launcher.n_probe == kMaxLauncherRequests) {
+				if (pending_probe[i].database == InvalidOid || shared->launcher.n_probe == kMaxLauncherRequests) {
 					shared->launcher.probe_all = true;
 				} else {
 					shared->launcher.probe[shared->launcher.n_probe++] = pending_probe[i];
@@ -338,6 +340,7 @@ StartWorkers(Database *db, const int *slots, int n, bool only_first) {
 			continue;
 		}
 		MemoryContext old = MemoryContextSwitchTo(launcher_context);
+		registered_at[s] = Now();
 		bool started = StartRelayWorker(s, generation, &handles[s]);
 		MemoryContextSwitchTo(old);
 		if (!started) {
@@ -390,7 +393,10 @@ ReapStopped(Database *db, int *slots) {
 				db->next_probe = TimestampTzPlusMilliseconds(Now(), settings.launcher_naptime_ms);
 			}
 		}
-		if (missing) {
+		if (missing && db->asked_at >= registered_at[s]) {
+			missing = false; // CREATE EXTENSION may have committed after it looked: look again
+			db->extension = Extension::Unknown;
+		} else if (missing) {
 			db->extension = Extension::Missing;
 			db->next_probe = TimestampTzPlusMilliseconds(Now(), settings.launcher_naptime_ms);
 		} else if (present) {
@@ -564,30 +570,34 @@ OnLauncherExit(int, Datum) {
 // Requests from sessions: which databases to look at again.
 bool
 TakeRequests() {
-	Oid probe[kMaxLauncherRequests];
+	LauncherRequest probe[kMaxLauncherRequests];
 	SpinLockAcquire(&shared->launcher.mutex);
 	bool rescan = shared->launcher.rescan;
 	bool probe_all = shared->launcher.probe_all;
 	int n = shared->launcher.n_probe;
-	memcpy(probe, shared->launcher.probe, sizeof(Oid) * n);
+	memcpy(probe, shared->launcher.probe, sizeof(probe[0]) * n);
 	shared->launcher.rescan = false;
 	shared->launcher.probe_all = false;
 	shared->launcher.n_probe = 0;
 	SpinLockRelease(&shared->launcher.mutex);
 	for (int i = 0; i < n_databases; i++) {
 		bool asked = probe_all;
+		bool restart = probe_all;
 		for (int j = 0; j < n; j++) {
-			asked |= probe[j] == databases[i].oid;
+			asked |= probe[j].database == databases[i].oid;
+			restart |= probe[j].database == databases[i].oid && probe[j].restart;
 		}
 		if (asked) {
 			// Look again: a new extension, or a new outbox.workers, which only a worker connected
-			// to the database sees. Running workers stop; the next start reads it.
+			// to the database sees (restart: its running workers stop; the next start reads it).
 			Database *db = &databases[i];
 			int slots[kMaxSlots];
 			int n_slots = SlotsOf(db->oid, slots);
-			if (n_slots > 0) {
+			if (restart && n_slots > 0) {
 				TerminateAll(db, slots, n_slots);
 			}
+			// A look under way that finds no extension may have looked before this commit.
+			db->asked_at = Now();
 			if (!SingleDatabaseMode()) {
 				db->extension = Extension::Unknown;
 			}
@@ -703,21 +713,22 @@ void
 NoteStatementForLauncher(Node *stmt) {
 	bool noted = false;
 	bool probe = false;
-	Oid probe_db = InvalidOid; // InvalidOid: no such database (or too many): look at all
+	// InvalidOid: no such database (or too many requests): look at all.
+	LauncherRequest request = {InvalidOid, false};
 	if (IsA(stmt, CreateExtensionStmt) && IsOutbox(reinterpret_cast<CreateExtensionStmt *>(stmt)->extname)) {
 		probe = true;
-		probe_db = MyDatabaseId;
+		request = {MyDatabaseId, false};
 	} else if (IsA(stmt, AlterDatabaseSetStmt)) {
 		const AlterDatabaseSetStmt *alter = reinterpret_cast<AlterDatabaseSetStmt *>(stmt);
 		const char *name = alter->setstmt->name; // NULL: RESET ALL
 		probe = name == nullptr || pg_strcasecmp(name, "outbox.workers") == 0;
-		probe_db = probe ? get_database_oid(alter->dbname, true) : InvalidOid;
+		request = {probe ? get_database_oid(alter->dbname, true) : InvalidOid, true};
 	}
 	if (probe) {
 		if (n_pending_probe == kMaxPendingProbes) {
-			pending_probe[kMaxPendingProbes - 1] = InvalidOid;
+			pending_probe[kMaxPendingProbes - 1] = {InvalidOid, true};
 		} else {
-			pending_probe[n_pending_probe++] = probe_db;
+			pending_probe[n_pending_probe++] = request;
 		}
 		noted = true;
 	} else if (IsA(stmt, DropStmt) && reinterpret_cast<DropStmt *>(stmt)->removeType == OBJECT_EXTENSION) {

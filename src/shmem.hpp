@@ -85,17 +85,23 @@ constexpr int kMaxDatabaseRows = 128;   // rows of outbox.launcher (databases wi
 constexpr int kMaxLauncherRequests = 16;
 constexpr int kMaxDropPauses = 8;
 
+struct LauncherRequest {
+	Oid database;
+	bool restart;
+};
+
 struct LauncherShared {
 	slock_t mutex;
 	int pid;
 	Latch *latch;
 	TimestampTz started_at;
 	// Requests from sessions (at commit of CREATE EXTENSION / ALTER DATABASE / CREATE or DROP
-	// DATABASE): rescan pg_database, and probe these databases now. Overflow probes all.
+	// DATABASE): rescan pg_database, and look at these databases again now (restart: stop
+	// their workers, so that the new ones read the database's settings). Overflow: all, restart.
 	bool rescan;
 	bool probe_all;
 	int n_probe;
-	Oid probe[kMaxLauncherRequests];
+	LauncherRequest probe[kMaxLauncherRequests];
 	// DROP DATABASE in progress: no worker is started for the database until `until`.
 	Oid paused[kMaxDropPauses];
 	TimestampTz paused_until[kMaxDropPauses];
