@@ -96,7 +96,8 @@ WakeWorkers(Oid db, const LaneMask &lanes) {
 	if (shared == nullptr) {
 		return;
 	}
-	for (int i = 0; i < kMaxSlots; i++) {
+	// Only the slots the launcher hands out (outbox.max_workers): this runs at every commit.
+	for (int i = 0; i < settings.max_workers; i++) {
 		WorkerSlot *slot = &shared->slots[i];
 		SpinLockAcquire(&slot->mutex);
 		bool mine = slot->database == db && slot->n_workers > 0;
