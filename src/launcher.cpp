@@ -61,7 +61,6 @@ int n_databases = 0;
 int databases_capacity = 0;
 BackgroundWorkerHandle *handles[kMaxSlots];
 TimestampTz registered_at[kMaxSlots];
-uint32 next_generation = 1;
 MemoryContext launcher_context = nullptr;
 
 // Sessions' requests for this transaction's commit (the hook notes them, the callback sends).
@@ -171,7 +170,7 @@ ReserveSlot(int s, const Database &db, int index, int n_workers) {
 	slot->database = db.oid;
 	slot->index = index;
 	slot->n_workers = n_workers;
-	slot->generation = next_generation++;
+	slot->generation = ++shared->launcher.next_generation; // only the launcher writes it
 	strlcpy(slot->database_name, db.name, sizeof(slot->database_name));
 	slot->extension_missing = false;
 	slot->extension_present = false;
@@ -553,9 +552,6 @@ AdoptOrphans() {
 	}
 	for (int i = 0; i < kMaxSlots; i++) {
 		ReleaseSlot(i);
-		SpinLockAcquire(&SlotOf(i)->mutex);
-		SlotOf(i)->generation = 0;
-		SpinLockRelease(&SlotOf(i)->mutex);
 	}
 }
 

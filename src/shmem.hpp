@@ -95,6 +95,9 @@ struct LauncherShared {
 	int pid;
 	Latch *latch;
 	TimestampTz started_at;
+	// Of the slots' reservations; in shared memory so that a restarted launcher never hands out
+	// a generation a worker registered by its predecessor could still be waiting with.
+	uint32 next_generation;
 	// Requests from sessions (at commit of CREATE EXTENSION / ALTER DATABASE / CREATE or DROP
 	// DATABASE): rescan pg_database, and look at these databases again now (restart: stop
 	// their workers, so that the new ones read the database's settings). Overflow: all, restart.

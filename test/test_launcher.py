@@ -313,3 +313,20 @@ def test_sessions_cannot_change_the_per_database_count(mock_cluster):
                 except psycopg.errors.InsufficientPrivilege:
                     pass
         wait_running(pg, "db_a", 1)
+
+
+def test_terminated_launcher_comes_back_and_takes_over_the_relay(mock_cluster):
+    with cluster(mock_cluster) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        launcher = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox launcher'"
+        old_launcher, old_worker = pg.value(launcher), worker_rows(pg, "db_a")[0][1]
+        assert pg.value("SELECT pg_terminate_backend(%s)", (old_launcher,))
+        # The new launcher has no handles for the old workers: it stops them and starts afresh.
+        wait_until(lambda: pg.value(launcher) not in (None, old_launcher), 60, "launcher restarted")
+        wait_until(lambda: worker_rows(pg, "db_a")[0][1] not in (None, old_worker), 60, "worker started afresh")
+        wait_running(pg, "db_a", 1)
+        a = Writer(pg, "db_a")
+        a.burst(10)
+        wait_all_published(pg, "db_a")
+        a.check(mock_cluster.bootstrap)
