@@ -486,9 +486,10 @@ Reconcile(Database *db, TimestampTz now) {
 }
 
 // outbox.launcher: the databases with the extension (or not known yet), budget problems included.
+// Built aside, then copied under the spinlock in one go.
 void
 PublishRows() {
-	SpinLockAcquire(&shared->launcher.mutex);
+	static DatabaseRow rows[kMaxDatabaseRows];
 	int n = 0;
 	for (int i = 0; i < n_databases && n < kMaxDatabaseRows; i++) {
 		const Database &db = databases[i];
@@ -497,7 +498,7 @@ PublishRows() {
 		if (!shown) {
 			continue;
 		}
-		DatabaseRow *row = &shared->launcher.rows[n++];
+		DatabaseRow *row = &rows[n++];
 		row->database = db.oid;
 		strlcpy(row->name, db.name, sizeof(row->name));
 		row->state = db.state;
@@ -506,19 +507,19 @@ PublishRows() {
 		strlcpy(row->last_error, db.error, sizeof(row->last_error));
 		row->last_error_at = db.error_at;
 	}
-	shared->launcher.n_rows = n;
-	SpinLockRelease(&shared->launcher.mutex);
 	for (int i = 0; i < settings.max_workers; i++) {
 		WorkerSlot *slot = SlotOf(i);
 		SpinLockAcquire(&slot->mutex);
 		Oid db = slot->pid != 0 ? slot->database : InvalidOid;
 		SpinLockRelease(&slot->mutex);
-		SpinLockAcquire(&shared->launcher.mutex);
-		for (int r = 0; r < shared->launcher.n_rows && db != InvalidOid; r++) {
-			shared->launcher.rows[r].running += shared->launcher.rows[r].database == db;
+		for (int r = 0; r < n && db != InvalidOid; r++) {
+			rows[r].running += rows[r].database == db;
 		}
-		SpinLockRelease(&shared->launcher.mutex);
 	}
+	SpinLockAcquire(&shared->launcher.mutex);
+	memcpy(shared->launcher.rows, rows, sizeof(rows[0]) * n);
+	shared->launcher.n_rows = n;
+	SpinLockRelease(&shared->launcher.mutex);
 }
 
 // A launcher that starts while workers run (it was restarted itself) has no handles for them:
