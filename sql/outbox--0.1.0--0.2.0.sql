@@ -451,3 +451,25 @@ REVOKE ALL ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() FROM PUBL
 GRANT USAGE ON SCHEMA outbox TO pg_monitor;
 GRANT EXECUTE ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() TO pg_monitor;
 GRANT SELECT ON outbox.worker_metrics, outbox.topic_metrics TO pg_monitor;
+
+
+-- ---------------------------------------------------------------------------------------------
+-- One install, many databases: the launcher (README "Many databases"). outbox.workers shows
+-- this database's workers (unchanged columns); outbox.launcher shows every database the
+-- launcher serves, with the cluster's worker budget, so a database left without a worker slot
+-- is visible from any of them.
+CREATE FUNCTION outbox.launcher_status(
+	OUT database text, OUT state text, OUT workers integer, OUT running integer,
+	OUT last_error text, OUT last_error_at timestamptz, OUT max_workers integer)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_launcher_status'
+LANGUAGE C VOLATILE STRICT;
+
+CREATE VIEW outbox.launcher AS SELECT * FROM outbox.launcher_status();
+
+COMMENT ON VIEW outbox.launcher IS
+	'Databases the relay launcher serves: state, workers wanted (outbox.workers) and running, '
+	'why a database has none (no worker slot), the cluster budget (outbox.max_workers)';
+
+REVOKE ALL ON FUNCTION outbox.launcher_status() FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.launcher FROM PUBLIC;

@@ -254,14 +254,15 @@ CREATE VIEW outbox.workers AS SELECT * FROM outbox.worker_status();
 COMMENT ON VIEW outbox.workers IS
 	'Relay workers: state, counters since start, last error, broker connection state';
 
--- The relay publishes from one database only: say so where nothing would be published.
+-- With outbox.database set (deprecated), the relay publishes from that database only: say so
+-- where nothing would be published. Empty (the default): every database is relayed.
 DO $$
 BEGIN
 	IF current_setting('outbox.workers')::int > 0
-	   AND current_setting('outbox.database') <> current_database() THEN
+	   AND current_setting('outbox.database') NOT IN ('', current_database()) THEN
 		RAISE WARNING 'outbox events in database "%" will not be published', current_database()
 			USING DETAIL = format('The relay publishes from outbox.database = "%s".', current_setting('outbox.database')),
-			      HINT = 'Set outbox.database to this database and restart, or create the extension there.';
+			      HINT = 'Set outbox.database = '''' and restart to relay every database where the extension is installed.';
 	END IF;
 END
 $$;

@@ -24,3 +24,11 @@ SET outbox.batch_size = 10;
 SET outbox.workers = 2;
 SET outbox.cloudevents_topics = 'billing.*';
 SET outbox.message_timestamp = 'publish';
+-- Per database instead: ALTER DATABASE ... SET outbox.workers (the launcher restarts that
+-- database's workers with it); its bounds apply there too.
+DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET outbox.workers = 33', current_database()); END $$;
+DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET outbox.workers = 2', current_database()); END $$;
+SELECT item FROM pg_db_role_setting, unnest(setconfig) AS item
+WHERE setrole = 0 AND setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND item LIKE 'outbox.%';
+DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET outbox.workers', current_database()); END $$;

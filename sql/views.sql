@@ -27,3 +27,8 @@ FROM outbox.failed ORDER BY key;
 SELECT * FROM outbox.workers;
 SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
 WHERE attrelid = 'outbox.workers'::regclass AND attnum > 0 ORDER BY attnum;
+
+-- outbox.launcher: the launcher's databases (none here: outbox.max_workers = 0, no launcher).
+SELECT * FROM outbox.launcher;
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+WHERE attrelid = 'outbox.launcher'::regclass AND attnum > 0 ORDER BY attnum;

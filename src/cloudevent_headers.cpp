@@ -14,12 +14,13 @@ constexpr int64 kUnixEpochOffsetUs = int64(POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDA
 // source with the event's id identifies the event, CloudEvents 1.0 "id").
 const char *
 DefaultSource() {
-	static char *derived = nullptr; // outbox.database needs a restart to change
+	static char *derived = nullptr; // a relay worker serves one database for its life
 	if (settings.cloudevents_source && settings.cloudevents_source[0]) {
 		return settings.cloudevents_source;
 	}
 	if (derived == nullptr) {
-		derived = MemoryContextStrdup(TopMemoryContext, psprintf("/outbox/%s", settings.database));
+		const char *database = get_database_name(MyDatabaseId);
+		derived = MemoryContextStrdup(TopMemoryContext, psprintf("/outbox/%s", database ? database : ""));
 	}
 	return derived;
 }

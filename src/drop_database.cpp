@@ -1,14 +1,18 @@
-// DROP DATABASE of the relay's own database: the relay workers are connected to it, and a
-// plain DROP DATABASE refuses while other sessions are. A utility hook stops them first; the
-// postmaster starts them again after bgw_restart_time, when the database is gone, and they wait
-// for it (worker.cpp, missing database). It stops them only for a DROP DATABASE that will go
-// ahead as far as the hook can tell: by the database's owner or a superuser, as a top-level
-// statement outside a transaction block. Anyone else's DROP DATABASE (which then fails) must
-// not be a way to restart the relay.
+// DROP DATABASE of a database the relay serves: its relay workers are connected to it, and a
+// plain DROP DATABASE refuses while other sessions are. A utility hook stops that database's
+// workers first (only those), after telling the launcher not to start them again (for a minute,
+// or until the drop failed; once the database is gone the launcher forgets it). It stops them
+// only for a DROP DATABASE that will go ahead as far as the hook can tell: by the database's
+// owner or a superuser, as a top-level statement outside a transaction block. Anyone else's
+// DROP DATABASE (which then fails) must not be a way to restart the relay.
+//
+// The same hook tells the launcher what other statements' commits change for it
+// (launcher.cpp NoteStatementForLauncher).
 #include "drop_database.hpp"
 
 #include "boundary.hpp"
 #include "guc.hpp"
+#include "launcher.hpp"
 #include "shmem.hpp"
 #include "wait_events.hpp"
 
@@ -24,14 +28,15 @@ constexpr long kStopWaitMs = 10000;
 
 ProcessUtility_hook_type previous_utility_hook = nullptr;
 
-// The pids of the relay workers running now, into pids[kMaxWorkers]; returns how many.
+// The pids of the relay workers of database `db` running now, into pids[kMaxSlots]; returns
+// how many.
 int
-RelayWorkerPids(int *pids) {
+RelayWorkerPids(Oid db, int *pids) {
 	int n = 0;
-	for (int i = 0; i < settings.workers; i++) {
+	for (int i = 0; i < kMaxSlots; i++) {
 		WorkerSlot *slot = SlotOf(i);
 		SpinLockAcquire(&slot->mutex);
-		int pid = slot->pid;
+		int pid = slot->database == db ? slot->pid : 0;
 		SpinLockRelease(&slot->mutex);
 		if (pid != 0) {
 			pids[n++] = pid;
@@ -40,27 +45,40 @@ RelayWorkerPids(int *pids) {
 	return n;
 }
 
-// Signals every relay worker to stop and waits, bounded, until their slots are free.
+// Whether the launcher holds a slot for `db` (a worker running, starting or reserved).
+bool
+RelayServes(Oid db) {
+	bool serves = false;
+	for (int i = 0; i < kMaxSlots; i++) {
+		WorkerSlot *slot = SlotOf(i);
+		SpinLockAcquire(&slot->mutex);
+		serves |= slot->database == db;
+		SpinLockRelease(&slot->mutex);
+	}
+	return serves;
+}
+
+// Signals the database's relay workers to stop and waits, bounded, until the launcher has
+// given back all of their slots (also those of workers not started yet).
 void
-StopRelayWorkers() {
-	int pids[kMaxWorkers];
-	for (int i = 0, n = RelayWorkerPids(pids); i < n; i++) {
-		kill(pids[i], SIGTERM);
+StopRelayWorkers(Oid db) {
+	PauseDatabase(db);
+	for (int i = 0; i < kMaxSlots; i++) {
+		WorkerSlot *slot = SlotOf(i);
+		SpinLockAcquire(&slot->mutex);
+		int pid = 0;
+		if (slot->database == db) {
+			slot->stop_for_drop = true;
+			pid = slot->pid;
+		}
+		SpinLockRelease(&slot->mutex);
+		if (pid != 0) {
+			kill(pid, SIGTERM);
+		}
 	}
 	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kStopWaitMs);
-	for (;;) {
-		bool running = false;
-		for (int i = 0; i < settings.workers; i++) {
-			WorkerSlot *slot = SlotOf(i);
-			SpinLockAcquire(&slot->mutex);
-			running |= slot->pid != 0;
-			SpinLockRelease(&slot->mutex);
-		}
-		if (!running || GetCurrentTimestamp() >= deadline) {
-			return;
-		}
-		(void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 50,
-		                WaitEventOf(WaitPoint::StopRelay));
+	while (RelayServes(db) && GetCurrentTimestamp() < deadline) {
+		(void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 50, WaitEventOf(WaitPoint::StopRelay));
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}
@@ -83,9 +101,9 @@ OthersHoldTheDatabase(Oid db, const DropdbStmt *stmt) {
 	force = force && superuser();
 	// The relay's own workers are told apart by pid: a row of another role's session may show
 	// no backend type to the caller, and counts as a holder.
-	int relay_pids[kMaxWorkers];
-	int n_pids = RelayWorkerPids(relay_pids);
-	Datum pids[kMaxWorkers];
+	int relay_pids[kMaxSlots];
+	int n_pids = RelayWorkerPids(db, relay_pids);
+	Datum pids[kMaxSlots];
 	for (int i = 0; i < n_pids; i++) {
 		pids[i] = Int32GetDatum(relay_pids[i]);
 	}
@@ -120,16 +138,12 @@ OthersHoldTheDatabase(Oid db, const DropdbStmt *stmt) {
 
 // The checks standard_ProcessUtility and dropdb() make before they would drop anything.
 bool
-DropWillProceed(const DropdbStmt *stmt, ProcessUtilityContext context) {
-	if (shared == nullptr || strcmp(stmt->dbname, settings.database) != 0) {
-		return false;
+DropWillProceed(const DropdbStmt *stmt, ProcessUtilityContext context, Oid db) {
+	if (shared == nullptr || !OidIsValid(db) || db == MyDatabaseId || !RelayServes(db)) {
+		return false; // IF EXISTS of nothing, "cannot drop the currently open database", no relay
 	}
 	if (context != PROCESS_UTILITY_TOPLEVEL || IsTransactionBlock() || IsSubTransaction()) {
 		return false; // "DROP DATABASE cannot run inside a transaction block" / a function
-	}
-	Oid db = get_database_oid(stmt->dbname, true);
-	if (!OidIsValid(db) || db == MyDatabaseId) {
-		return false; // IF EXISTS of nothing, or "cannot drop the currently open database"
 	}
 	if (!superuser() && !OutboxDatabaseOwnerCheck(db, GetUserId())) {
 		return false; // "must be owner of database"
@@ -144,15 +158,34 @@ void
 OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
           ParamListInfo params, QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *qc) {
 	Node *stmt = pstmt->utilityStmt;
-	if (IsA(stmt, DropdbStmt) && DropWillProceed(reinterpret_cast<DropdbStmt *>(stmt), context)) {
-		ereport(LOG, (errmsg("outbox: stopping the relay workers for DROP DATABASE \"%s\"", settings.database)));
-		StopRelayWorkers();
+	NoteStatementForLauncher(stmt);
+	Oid stopped_for = InvalidOid;
+	if (IsA(stmt, DropdbStmt)) {
+		const DropdbStmt *drop = reinterpret_cast<DropdbStmt *>(stmt);
+		Oid db = get_database_oid(drop->dbname, true);
+		if (DropWillProceed(drop, context, db)) {
+			ereport(LOG, (errmsg("outbox: stopping the relay workers for DROP DATABASE \"%s\"", drop->dbname)));
+			StopRelayWorkers(db);
+			stopped_for = db;
+		}
 	}
-	if (previous_utility_hook) {
-		previous_utility_hook(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
-	} else {
-		standard_ProcessUtility(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
+	PG_TRY();
+	{
+		if (previous_utility_hook) {
+			previous_utility_hook(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
+		} else {
+			standard_ProcessUtility(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
+		}
 	}
+	PG_CATCH();
+	{
+		// The drop failed after all: the launcher starts the database's workers again.
+		if (OidIsValid(stopped_for)) {
+			ResumeDatabase(stopped_for);
+		}
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 }
 
 } // namespace

@@ -1,4 +1,5 @@
-// Lets DROP DATABASE of outbox.database through by stopping the relay workers first.
+// Lets DROP DATABASE of a relayed database through by stopping its relay workers first; tells
+// the launcher what committed statements change for it.
 #pragma once
 
 namespace outbox {

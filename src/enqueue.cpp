@@ -14,8 +14,8 @@ enum class PayloadKind { Jsonb, Text, Bytea };
 
 constexpr int64 kHeaderFramingBytes = 10;
 
-// Workers to wake at commit: one bit per worker that owns a lane this transaction wrote to.
-uint32 wake_mask = 0;
+// Lanes this transaction wrote to: at commit, the workers of this database owning them are woken.
+outbox::LaneMask wake_lanes = {};
 bool xact_callback_registered = false;
 
 void
@@ -24,15 +24,15 @@ OnTransactionEnd(XactEvent event, void *) {
 	case XACT_EVENT_COMMIT:
 	case XACT_EVENT_PARALLEL_COMMIT:
 		// Called after the commit is visible to other snapshots: the woken worker sees the rows.
-		outbox::WakeWorkers(wake_mask);
-		wake_mask = 0;
+		outbox::WakeWorkers(MyDatabaseId, wake_lanes);
+		wake_lanes = {};
 		break;
 	case XACT_EVENT_ABORT:
 	case XACT_EVENT_PARALLEL_ABORT:
 	case XACT_EVENT_PREPARE:
 		// A prepared transaction does not wake the relay when COMMIT PREPARED runs later; the
 		// poll interval picks its events up (README "Settings": outbox.poll_interval).
-		wake_mask = 0;
+		wake_lanes = {};
 		break;
 	default:
 		break;
@@ -312,6 +312,13 @@ ContentTypeOf(PayloadKind kind) {
 	return outbox::cloudevents::kBinaryContentType;
 }
 
+// The length of this database's name: the default CloudEvents source is /outbox/<database>.
+int
+DatabaseNameLength() {
+	const char *database = get_database_name(MyDatabaseId);
+	return database ? int(strlen(database)) : 0;
+}
+
 // A CloudEvents attribute given to enqueue: not empty, and with a UTF-8 form. Returns its length.
 int
 ValidateAttribute(const char *name, text *value) {
@@ -355,7 +362,7 @@ CloudEvent(FunctionCallInfo fcinfo, text *topic, PayloadKind kind, const HeaderF
 	const char *default_source = outbox::settings.cloudevents_source;
 	int source_len = source ? ValidateAttribute("event_source", source)
 	                        : default_source && default_source[0] ? int(strlen(default_source))
-	                                                              : int(strlen("/outbox/") + strlen(outbox::settings.database));
+	                                                              : int(strlen("/outbox/") + DatabaseNameLength());
 	env->ce_content_type = ContentTypeOf(kind);
 	env->ce_type = type;
 	env->ce_source = source;
@@ -502,13 +509,11 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	if (commit_order) {
 		outbox::NoteKeyedRow(topic, key, id, order_lsn);
 	}
-	if (outbox::settings.workers > 0) {
-		if (!xact_callback_registered) {
-			RegisterXactCallback(outbox_xact_callback, nullptr);
-			xact_callback_registered = true;
-		}
-		wake_mask |= 1u << (lane % outbox::settings.workers);
+	if (!xact_callback_registered) {
+		RegisterXactCallback(outbox_xact_callback, nullptr);
+		xact_callback_registered = true;
 	}
+	wake_lanes.bits[lane / 64] |= uint64(1) << (lane % 64);
 	PG_RETURN_UUID_P(event_id);
 }
 

@@ -103,15 +103,52 @@ DefineFailoverSettings() {
 	                         kFailoverTimeoutPolicies, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 }
 
+// outbox.workers comes from the configuration files or ALTER DATABASE ... SET, which a
+// relay worker sees at connect; a SET in a session (or a function's SET clause) would change
+// nothing, so it is refused rather than silently ignored.
+bool
+CheckWorkersSource(int *, void **, GucSource source) {
+	if (source < PGC_S_SESSION) {
+		return true;
+	}
+	GUC_check_errcode(ERRCODE_CANT_CHANGE_RUNTIME_PARAM);
+	GUC_check_errmsg("outbox.workers cannot be set in a session");
+	GUC_check_errhint("Set it per database: ALTER DATABASE name SET outbox.workers = n (that database's relay "
+	                  "restarts with it), or for every database in postgresql.conf and reload.");
+	return false;
+}
+
 } // namespace
+
+extern "C" {
+static bool
+outbox_check_workers(int *newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_workers", CheckWorkersSource, newval, extra, source);
+}
+}
 
 void
 DefineSettings() {
-	DefineCustomStringVariable("outbox.database", "Database whose outbox the relay publishes.", nullptr,
-	                           &settings.database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
-	DefineCustomIntVariable("outbox.workers", "Number of relay background workers (0: no relay).",
-	                        "Each key is always published by the same worker, so per-key order holds with any number.",
-	                        &settings.workers, 1, 0, kMaxWorkers, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.database",
+	                           "Deprecated: the only database the relay publishes from (empty: every database "
+	                           "where the extension is installed).",
+	                           nullptr, &settings.database, "", PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+	// SUSET, not POSTMASTER, so that ALTER DATABASE ... SET gives each database its own count; the
+	// launcher reads it from pg_db_role_setting (only the database's own entry, not a role's)
+	// and from the configuration files. A session's SET changes nothing.
+	DefineCustomIntVariable("outbox.workers", "Relay workers per database (0: no relay).",
+	                        "Set it per database with ALTER DATABASE ... SET outbox.workers. Each key is always "
+	                        "published by the same worker, so per-key order holds with any number.",
+	                        &settings.workers, 1, 0, kMaxWorkers, PGC_SUSET, 0, outbox_check_workers, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.max_workers", "Relay workers the whole cluster may run (0: no relay).",
+	                        "Each is a background worker: max_worker_processes must leave room for them and the "
+	                        "launcher. A database whose workers do not fit gets none (state 'no worker slot').",
+	                        &settings.max_workers, 16, 0, kMaxSlots, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.launcher_naptime",
+	                        "How often the launcher looks for new databases and new CREATE EXTENSION outbox.",
+	                        "A backstop: CREATE EXTENSION, CREATE/DROP DATABASE and ALTER DATABASE wake it at once.",
+	                        &settings.launcher_naptime_ms, 60000, 100, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
+	                        nullptr, nullptr);
 	DefineCustomStringVariable("outbox.bootstrap_servers", "Kafka bootstrap servers (host:port,...).", nullptr,
 	                           &settings.bootstrap_servers, "localhost:9092", PGC_SIGHUP, 0, nullptr, nullptr,
 	                           nullptr);

@@ -13,9 +13,13 @@ enum class StandbyLsn { Flush = 0, Replay = 1 };
 enum class FailoverTimeoutPolicy { Wait = 0, Publish = 1 };
 
 struct Settings {
-	// Relay topology (postmaster start only).
+	// Relay topology. database: "" relays every database with the extension (launcher.cpp),
+	// a name only that one (deprecated). workers: per database (ALTER DATABASE ... SET), read by
+	// the launcher. max_workers: the cluster's budget of relay workers (postmaster start only).
 	char *database;
 	int workers;
+	int max_workers;
+	int launcher_naptime_ms;
 	// Kafka.
 	char *bootstrap_servers;
 	char *kafka_properties; // superuser-only and hidden: may hold SASL passwords
@@ -65,7 +69,8 @@ struct Settings {
 
 extern Settings settings;
 
-constexpr int kMaxWorkers = 32;
+constexpr int kMaxWorkers = 32; // per database
+constexpr int kMaxSlots = 128;  // ceiling of outbox.max_workers
 
 void DefineSettings();
 

@@ -41,9 +41,10 @@ StartupMemory() {
 	shared = static_cast<SharedState *>(ShmemInitStruct("outbox", SharedSize(), &found));
 	if (!found) {
 		memset(shared, 0, SharedSize());
-		for (int i = 0; i < kMaxWorkers; i++) {
+		for (int i = 0; i < kMaxSlots; i++) {
 			SpinLockInit(&shared->slots[i].mutex);
 		}
+		SpinLockInit(&shared->launcher.mutex);
 		for (uint32 i = 0; i < kOrderStripes; i++) {
 			pg_atomic_init_u64(&shared->order_stripes[i], 0);
 		}
@@ -79,9 +80,9 @@ RequestSharedMemory() {
 }
 
 WorkerSlot *
-SlotOf(int worker) {
-	Assert(shared != nullptr && worker >= 0 && worker < kMaxWorkers);
-	return &shared->slots[worker];
+SlotOf(int slot) {
+	Assert(shared != nullptr && slot >= 0 && slot < kMaxSlots);
+	return &shared->slots[slot];
 }
 
 pg_atomic_uint64 *
@@ -91,21 +92,29 @@ OrderStripe(uint64 key_hash) {
 }
 
 void
-WakeWorkers(uint32 worker_mask) {
+WakeWorkers(Oid db, const LaneMask &lanes) {
 	if (shared == nullptr) {
 		return;
 	}
-	for (int i = 0; i < kMaxWorkers && worker_mask != 0; i++, worker_mask >>= 1) {
-		if (!(worker_mask & 1)) {
-			continue;
-		}
+	// Only the slots the launcher hands out (outbox.max_workers): this runs at every commit.
+	for (int i = 0; i < settings.max_workers; i++) {
 		WorkerSlot *slot = &shared->slots[i];
 		SpinLockAcquire(&slot->mutex);
+		bool mine = slot->database == db && slot->n_workers > 0;
+		int index = slot->index;
+		int n = slot->n_workers;
 		Latch *latch = slot->latch;
 		SpinLockRelease(&slot->mutex);
+		if (!mine || latch == nullptr) {
+			continue;
+		}
+		bool owns = false;
+		for (int lane = index; lane < kLaneCount && !owns; lane += n) {
+			owns = (lanes.bits[lane / 64] >> (lane % 64)) & 1;
+		}
 		// A stale latch (worker just exited) belongs to some other PGPROC: a spurious wake-up is
 		// harmless, every latch user re-checks its condition.
-		if (latch) {
+		if (owns) {
 			SetLatch(latch);
 		}
 	}
@@ -134,6 +143,25 @@ WorkerStateName(WorkerState s) {
 		return "extension not installed";
 	case WorkerState::WaitingForStandby:
 		return "waiting for standby";
+	case WorkerState::NoWorkerSlot:
+		return "no worker slot";
+	}
+	return "unknown";
+}
+
+const char *
+DatabaseStateName(DatabaseState s) {
+	switch (s) {
+	case DatabaseState::Starting:
+		return "starting";
+	case DatabaseState::Running:
+		return "running";
+	case DatabaseState::NoWorkerSlot:
+		return "no worker slot";
+	case DatabaseState::Disabled:
+		return "disabled";
+	case DatabaseState::StoppedForDrop:
+		return "stopped for DROP DATABASE";
 	}
 	return "unknown";
 }

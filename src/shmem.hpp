@@ -1,9 +1,11 @@
-// Shared memory: one slot per relay worker (what outbox.workers shows, and the latch that
-// committed enqueues set to wake the worker).
+// Shared memory: one slot per relay worker of the cluster (what outbox.workers shows, and the
+// latch that committed enqueues set to wake the worker), and what the launcher shares
+// (launcher.cpp: its latch, requests from sessions, one row per database for outbox.launcher).
 #pragma once
 
 #include "guc.hpp"
 #include "metrics.hpp"
+#include "kafka_names.hpp"
 #include "pg_include.hpp"
 
 namespace outbox {
@@ -19,6 +21,7 @@ enum class WorkerState : int {
 	Misconfigured,
 	NoExtension,
 	WaitingForStandby, // failover-safe publishing: a standby of outbox.failover_standbys lags or is gone
+	NoWorkerSlot, // never in a slot: outbox.workers shows it for workers the budget left out
 };
 
 enum class BrokerState : int { Unknown = 0, Up, Down };
@@ -38,10 +41,78 @@ struct WorkerSlot {
 	TimestampTz last_error_at;
 	TimestampTz last_publish_at;
 	char last_error[256];
-	// Set when the worker could not connect to outbox.database; the next start waits before
-	// trying again, so a missing database gives one log line per retry period, not a crash loop.
-	int connect_failures;
 	WorkerMetrics metrics; // outbox.worker_metrics()
+	// Written by the launcher when it reserves the slot (database InvalidOid: free): worker
+	// `index` of `n_workers` of that database. `generation` changes with every reservation, so a
+	// worker registered for an earlier one (by a launcher that was restarted) does not attach.
+	Oid database;
+	int index;
+	int n_workers;
+	uint32 generation;
+	char database_name[NAMEDATALEN];
+	// Set by the worker when its database has no extension outbox (it exits then): the
+	// launcher does not start the database's workers again until CREATE EXTENSION or a probe.
+	bool extension_missing;
+	bool extension_present; // set by the worker once it found the extension
+	// Set by the worker when outbox.workers, as its database sees it, is not n_workers (it exits
+	// then, `wanted` says the count): the launcher restarts all of the database's workers with it.
+	bool resize;
+	int wanted;
+
+	// Set by the DROP DATABASE hook before it stops the worker: not to be restarted.
+	bool stop_for_drop;
+};
+
+// A database the launcher serves, as outbox.launcher shows it (launcher.cpp).
+enum class DatabaseState : int {
+	Starting = 0,
+	Running,
+	NoWorkerSlot,   // the budget (outbox.max_workers or max_worker_processes) is used up
+	Disabled,       // outbox.workers = 0 for this database
+	StoppedForDrop, // the DROP DATABASE hook stopped its workers
+};
+
+const char *DatabaseStateName(DatabaseState s);
+
+struct DatabaseRow {
+	Oid database;
+	char name[NAMEDATALEN];
+	DatabaseState state;
+	int workers; // wanted: outbox.workers for this database
+	int running;
+	char last_error[256];
+	TimestampTz last_error_at;
+};
+
+constexpr int kMaxDatabaseRows = 128;   // rows of outbox.launcher (databases with the extension)
+constexpr int kMaxLauncherRequests = 16;
+constexpr int kMaxDropPauses = 8;
+
+struct LauncherRequest {
+	Oid database;
+	bool restart;
+};
+
+struct LauncherShared {
+	slock_t mutex;
+	int pid;
+	Latch *latch;
+	TimestampTz started_at;
+	// Of the slots' reservations; in shared memory so that a restarted launcher never hands out
+	// a generation a worker registered by its predecessor could still be waiting with.
+	uint32 next_generation;
+	// Requests from sessions (at commit of CREATE EXTENSION / ALTER DATABASE / CREATE or DROP
+	// DATABASE): rescan pg_database, and look at these databases again now (restart: stop
+	// their workers, so that the new ones read the database's settings). Overflow: all, restart.
+	bool rescan;
+	bool probe_all;
+	int n_probe;
+	LauncherRequest probe[kMaxLauncherRequests];
+	// DROP DATABASE in progress: no worker is started for the database until `until`.
+	Oid paused[kMaxDropPauses];
+	TimestampTz paused_until[kMaxDropPauses];
+	int n_rows;
+	DatabaseRow rows[kMaxDatabaseRows];
 };
 
 // Commit order (commit_order.cpp): per stripe, the highest order_lsn a committing transaction
@@ -49,7 +120,8 @@ struct WorkerSlot {
 constexpr uint32 kOrderStripes = 65536;
 
 struct SharedState {
-	WorkerSlot slots[kMaxWorkers];
+	WorkerSlot slots[kMaxSlots];
+	LauncherShared launcher;
 	pg_atomic_uint64 order_stripes[kOrderStripes];
 };
 
@@ -58,13 +130,20 @@ extern SharedState *shared;
 // Called from _PG_init: asks for the memory (PG15+: through shmem_request_hook).
 void RequestSharedMemory();
 
-WorkerSlot *SlotOf(int worker);
+// Slot number `slot` of the cluster's kMaxSlots (the launcher hands them out).
+WorkerSlot *SlotOf(int slot);
 
 // The commit-order stripe of a (topic, key) hash.
 pg_atomic_uint64 *OrderStripe(uint64 key_hash);
 
-// Sets the latch of each worker in the bitmask. Safe in a transaction callback (no ERROR).
-void WakeWorkers(uint32 worker_mask);
+// The lanes a transaction wrote to, one bit each.
+struct LaneMask {
+	uint64 bits[kLaneCount / 64];
+};
+
+// Sets the latch of each worker of database `db` that owns one of the lanes. Safe in a
+// transaction callback (no ERROR).
+void WakeWorkers(Oid db, const LaneMask &lanes);
 
 void SetWorkerState(WorkerSlot *slot, WorkerState state);
 void SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error);

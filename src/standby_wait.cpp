@@ -348,23 +348,10 @@ StandbysHave(const FailoverStandbys &cfg, const char *self, Sender *senders, XLo
 	return false;
 }
 
-// A WAL insert position just past a page header is where the next record will start: the WAL
-// before it ends at the page boundary, which is all a standby can report (and what it replays to).
-XLogRecPtr
-TargetOf(XLogRecPtr flushed) {
-	if (XLogSegmentOffset(flushed, wal_segment_size) == SizeOfXLogLongPHD) {
-		return flushed - SizeOfXLogLongPHD;
-	}
-	if (flushed % XLOG_BLCKSZ == SizeOfXLogShortPHD && XLogSegmentOffset(flushed, wal_segment_size) > XLOG_BLCKSZ) {
-		return flushed - SizeOfXLogShortPHD;
-	}
-	return flushed;
-}
-
 WorkerSlot *
 MySlot() {
 	static WorkerSlot *mine = nullptr;
-	for (int i = 0; mine == nullptr && i < kMaxWorkers; i++) {
+	for (int i = 0; mine == nullptr && i < kMaxSlots; i++) {
 		WorkerSlot *slot = SlotOf(i);
 		SpinLockAcquire(&slot->mutex);
 		bool is_mine = slot->pid == MyProcPid;
@@ -493,7 +480,7 @@ WaitForFailoverStandbys(XLogRecPtr flushed) {
 	if (FailoverOff()) {
 		return StandbyWait::Reached;
 	}
-	XLogRecPtr target = TargetOf(flushed);
+	XLogRecPtr target = flushed; // the end of the inserted WAL (FlushBeforePublish), never past a page header
 	char reason[kReasonSize];
 	switch (Poll(target, settings.failover_wait_timeout_ms, reason)) {
 	case Until::Reached:

@@ -16,6 +16,7 @@
 #include "guc.hpp"
 #include "kafka_producer.hpp"
 #include "metrics.hpp"
+#include "launcher.hpp"
 #include "relay_sql.hpp"
 #include "shmem.hpp"
 #include "wait_events.hpp"
@@ -25,7 +26,6 @@ namespace outbox {
 
 namespace {
 
-constexpr int kRestartSeconds = 5;
 constexpr long kErrorPauseMs = 1000;
 // SIGTERM, fast shutdown and cancel are served within 5 s (README, DESIGN.md): a wait inside the
 // producer ends within one slice (kafka::kMetadataLookupMs at most), a batch in flight gets
@@ -51,10 +51,11 @@ constexpr long kFlushSliceMs = 5;
 // Per-process state (this process is one relay worker). Static, not on the stack, so the
 // recovery block's longjmp never skips it.
 int worker_index = -1;
+int worker_count = 0; // of this database's workers, fixed by the launcher for this process's life
+const char *database_name = "";
 WorkerSlot *slot = nullptr;
 kafka::Producer *producer = nullptr;
 MemoryContext batch_context = nullptr;
-bool connecting = false;
 TableState last_table_state = TableState::Ready;
 int outage_steps = 0;
 TimestampTz backoff_until = 0;
@@ -69,7 +70,7 @@ TimestampTz last_outage_logged_at = 0;
 
 LaneSet
 MyLanes() {
-	return LaneSet{worker_index, settings.workers};
+	return LaneSet{worker_index, worker_count};
 }
 
 void
@@ -864,7 +865,7 @@ RecoverFromError() {
 }
 
 void
-OnExit(int code, Datum) {
+OnExit(int, Datum) {
 	if (slot == nullptr) {
 		return;
 	}
@@ -872,59 +873,78 @@ OnExit(int code, Datum) {
 	slot->pid = 0;
 	slot->latch = nullptr;
 	slot->state = WorkerState::Stopped;
-	if (connecting && code != 0) {
-		slot->connect_failures++;
-		snprintf(slot->last_error, sizeof(slot->last_error), "could not connect to database \"%s\"",
-		         settings.database);
-		slot->last_error_at = GetCurrentTimestamp();
-		slot->state = WorkerState::Misconfigured;
-	}
 	SpinLockRelease(&slot->mutex);
 }
 
+// outbox.workers as this database sees it (ALTER DATABASE ... SET, the configuration files):
+// when it is not the count this worker runs with, it asks the launcher for a restart of the
+// database's workers with it and exits (all of them must agree on who owns a lane).
 void
-Attach(int index) {
-	worker_index = index;
-	slot = SlotOf(index);
-	int connect_failures;
+ExitIfWorkerCountChanged() {
+	if (settings.workers == worker_count) {
+		return;
+	}
+	ereport(LOG, (errmsg("outbox relay %d: outbox.workers is %d for database \"%s\", not %d: restarting its workers",
+	                     worker_index, settings.workers, database_name, worker_count)));
+	DestroyProducer();
 	SpinLockAcquire(&slot->mutex);
-	slot->pid = MyProcPid;
-	slot->latch = MyLatch;
-	slot->state = WorkerState::Starting;
-	slot->broker = BrokerState::Unknown;
-	slot->published = 0;
-	slot->failed = 0;
-	slot->started_at = GetCurrentTimestamp();
-	MetricsResetLocked(&slot->metrics);
-	connect_failures = slot->connect_failures;
+	slot->wanted = settings.workers;
+	slot->resize = true;
 	SpinLockRelease(&slot->mutex);
+	WakeLauncher();
+	proc_exit(0);
+}
+
+// Takes the slot the launcher reserved (launcher.cpp) and connects to its database.
+void
+Attach(int slot_number, uint32 generation) {
+	slot = SlotOf(slot_number);
+	SpinLockAcquire(&slot->mutex);
+	// A worker registered for an earlier reservation (a launcher restarted meanwhile).
+	bool mine = slot->generation == generation && slot->database != InvalidOid;
+	Oid database = slot->database;
+	if (mine) {
+		worker_index = slot->index;
+		worker_count = slot->n_workers;
+		slot->pid = MyProcPid;
+		slot->latch = MyLatch;
+		slot->state = WorkerState::Starting;
+		slot->broker = BrokerState::Unknown;
+		slot->published = 0;
+		slot->failed = 0;
+		slot->started_at = GetCurrentTimestamp();
+		MetricsResetLocked(&slot->metrics);
+	}
+	SpinLockRelease(&slot->mutex);
+	if (!mine) {
+		proc_exit(0);
+	}
+	database_name = pstrdup(slot->database_name);
 	before_shmem_exit(OnExit, 0);
 
-	// A database that did not exist last time: wait before trying again (a failed connection is
-	// a FATAL exit, then a restart), so the log gets a line per retry period, not a crash loop.
-	if (connect_failures > 0) {
-		SetWorkerState(slot, WorkerState::Misconfigured);
-		long wait_ms = 60000L * (connect_failures < 10 ? connect_failures : 10);
-		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
-		while (!ShutdownRequestPending && GetCurrentTimestamp() < until) {
-			WaitFor(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until));
-		}
-		if (ShutdownRequestPending) {
-			proc_exit(0);
-		}
-	}
-	connecting = true;
 	// Like autovacuum, the relay is the server's own process: ALTER DATABASE ... ALLOW_CONNECTIONS
 	// false (which the database's owner may do) keeps sessions out, not the relay. To stop it:
-	// outbox.workers = 0, or DROP EXTENSION.
-	BackgroundWorkerInitializeConnection(settings.database, nullptr, BGWORKER_BYPASS_ALLOWCONN);
-	connecting = false;
-	SpinLockAcquire(&slot->mutex);
-	slot->connect_failures = 0;
-	SpinLockRelease(&slot->mutex);
+	// ALTER DATABASE ... SET outbox.workers = 0, or DROP EXTENSION. A database dropped meanwhile
+	// is a FATAL exit here; the launcher's next scan forgets it.
+	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, BGWORKER_BYPASS_ALLOWCONN);
 	MetricsNoteConnected(slot);
-
+	// Pinned before the first transaction (a database's serializable deferrable default would
+	// make even the extension check below wait).
 	PinSessionSettings();
+	// The launcher cannot see pg_extension: a worker of a database where it is missing says so
+	// and leaves (no process stays in a database without the extension).
+	if (!SingleDatabaseMode() && !ExtensionInstalled()) {
+		SpinLockAcquire(&slot->mutex);
+		slot->extension_missing = true;
+		SpinLockRelease(&slot->mutex);
+		proc_exit(0);
+	}
+	SpinLockAcquire(&slot->mutex);
+	slot->extension_present = true;
+	SpinLockRelease(&slot->mutex);
+	ExitIfWorkerCountChanged();
+	WakeLauncher(); // it starts the database's other workers now
+
 	ResetDatabaseSettings();
 	InitStatementStopCheck();
 }
@@ -932,10 +952,17 @@ Attach(int index) {
 // Why nothing was claimed, said once (not once per poll), then a wait before the next try.
 void
 ReportTableState(TableState table) {
+	if (table == TableState::Missing && !SingleDatabaseMode()) {
+		DestroyProducer();
+		SpinLockAcquire(&slot->mutex);
+		slot->extension_missing = true;
+		SpinLockRelease(&slot->mutex);
+		ExitForMissingExtension(database_name, worker_index);
+	}
 	if (table == TableState::Missing && last_table_state != TableState::Missing) {
 		ereport(LOG, (errmsg("outbox relay %d: extension \"outbox\" is not installed in database \"%s\"; "
 		                     "waiting for CREATE EXTENSION outbox",
-		                     worker_index, settings.database)));
+		                     worker_index, database_name)));
 	}
 	if (table == TableState::Refused) {
 		const char *problem = LastStepProblem();
@@ -965,12 +992,14 @@ RelayMain(Datum arg) {
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	BackgroundWorkerUnblockSignals();
 
-	Attach(DatumGetInt32(arg));
+	uint32 generation;
+	memcpy(&generation, MyBgworkerEntry->bgw_extra, sizeof(generation));
+	Attach(DatumGetInt32(arg), generation);
 	char appname[NAMEDATALEN];
 	snprintf(appname, sizeof(appname), "outbox relay %d", worker_index);
 	pgstat_report_appname(appname);
 	ereport(LOG, (errmsg("outbox relay %d started for database \"%s\" (%d of %d workers)", worker_index,
-	                     settings.database, worker_index + 1, settings.workers)));
+	                     database_name, worker_index + 1, worker_count)));
 
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox relay batch", ALLOCSET_DEFAULT_SIZES);
 
@@ -985,6 +1014,7 @@ RelayMain(Datum arg) {
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending) {
 			ReloadSettings();
+			ExitIfWorkerCountChanged(); // between batches: nothing in flight
 		}
 		// Everything an iteration allocates lives in batch_context and goes here.
 		MemoryContextSwitchTo(batch_context);
@@ -1046,29 +1076,30 @@ RelayMain(Datum arg) {
 	SetWorkerState(slot, WorkerState::Stopped);
 	DestroyProducer();
 	ereport(LOG, (errmsg("outbox relay %d stopping", worker_index)));
-	// Exit code 1: if this was a pg_terminate_backend() rather than a shutdown, the postmaster
-	// starts the worker again after bgw_restart_time.
+	// Exit code 1: if this was a pg_terminate_backend() rather than a shutdown, the launcher
+	// starts the worker again after a pause.
 	proc_exit(1);
 }
 
 } // namespace
 
-void
-RegisterRelayWorkers() {
-	for (int i = 0; i < settings.workers; i++) {
-		BackgroundWorker worker;
-		memset(&worker, 0, sizeof(worker));
-		worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-		// Never on a hot standby; starts after promotion.
-		worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-		worker.bgw_restart_time = kRestartSeconds;
-		strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
-		strlcpy(worker.bgw_function_name, "outbox_relay_main", BGW_MAXLEN);
-		snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay %d", i);
-		strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
-		worker.bgw_main_arg = Int32GetDatum(i);
-		RegisterBackgroundWorker(&worker);
-	}
+bool
+StartRelayWorker(int slot_number, uint32 generation, BackgroundWorkerHandle **handle) {
+	BackgroundWorker worker;
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	// The launcher restarts workers itself (it knows whether their database still wants them).
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, "outbox", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "outbox_relay_main", BGW_MAXLEN);
+	WorkerSlot *reserved = SlotOf(slot_number);
+	snprintf(worker.bgw_name, BGW_MAXLEN, "outbox relay %d of database %s", reserved->index, reserved->database_name);
+	strlcpy(worker.bgw_type, "outbox relay", BGW_MAXLEN);
+	worker.bgw_main_arg = Int32GetDatum(slot_number);
+	memcpy(worker.bgw_extra, &generation, sizeof(generation));
+	worker.bgw_notify_pid = MyProcPid;
+	return RegisterDynamicBackgroundWorker(&worker, handle);
 }
 
 } // namespace outbox

@@ -1,9 +1,12 @@
 // The relay background workers (DESIGN.md).
 #pragma once
 
+#include "pg_include.hpp"
+
 namespace outbox {
 
-// From _PG_init: registers outbox.workers static background workers.
-void RegisterRelayWorkers();
+// From the launcher: starts the relay worker of a slot it reserved (a dynamic background worker
+// that notifies the launcher when it stops). False when max_worker_processes has no room.
+bool StartRelayWorker(int slot_number, uint32 generation, BackgroundWorkerHandle **handle);
 
 } // namespace outbox

@@ -51,21 +51,26 @@ OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 	MemoryContextSwitchTo(old);
 
 	TimestampTz now = GetCurrentTimestamp();
-	for (int i = 0; i < outbox::settings.workers && outbox::shared != nullptr; i++) {
+	// Every slot the launcher handed out, whatever database it serves: one scrape covers the
+	// cluster, labelled by database and worker.
+	for (int s = 0; s < outbox::kMaxSlots && outbox::shared != nullptr; s++) {
 		outbox::WorkerSlot copy;
-		outbox::WorkerSlot *slot = outbox::SlotOf(i);
+		outbox::WorkerSlot *slot = outbox::SlotOf(s);
 		SpinLockAcquire(&slot->mutex);
 		memcpy(&copy, slot, sizeof(copy));
 		SpinLockRelease(&slot->mutex);
+		if (copy.database == InvalidOid) {
+			continue; // free
+		}
 		const outbox::WorkerMetrics &m = copy.metrics;
 
 		Datum values[kColumns];
 		bool nulls[kColumns] = {false};
 		// A database dropped since the worker connected has no name: NULL.
-		char *database = OidIsValid(m.database) ? get_database_name(m.database) : nullptr;
+		char *database = get_database_name(copy.database);
 		values[0] = database ? CStringGetTextDatum(database) : Datum(0);
 		nulls[0] = database == nullptr;
-		values[1] = Int32GetDatum(i);
+		values[1] = Int32GetDatum(copy.index);
 		values[2] = Int32GetDatum(copy.pid);
 		nulls[2] = copy.pid == 0;
 		values[3] = CStringGetTextDatum(outbox::WorkerStateName(copy.state));

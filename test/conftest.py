@@ -25,11 +25,15 @@ def mock_cluster():
 
 @pytest.fixture
 def make_relay(request):
-    """make_relay(bootstrap, workers=1, **outbox_settings) -> a started PgCluster with the relay."""
+    """make_relay(bootstrap, workers=1, **outbox_settings) -> a started PgCluster with the relay
+    (the launcher relays every database with the extension; single_database=True sets the
+    deprecated outbox.database to `database`)."""
     clusters = []
 
-    def make(bootstrap, workers=1, create_extension=True, database="postgres", **outbox):
+    def make(bootstrap, workers=1, create_extension=True, database="postgres", single_database=False, **outbox):
         settings = {"outbox.bootstrap_servers": f"'{bootstrap}'", "outbox.workers": str(workers)}
+        if single_database:  # the deprecated outbox.database: only that database is relayed
+            settings["outbox.database"] = f"'{database}'"
         for name, value in outbox.items():
             settings[f"outbox.{name}"] = f"'{value}'"
         pg = PgCluster(settings=settings, create_extension=create_extension, database=database)

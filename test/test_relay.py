@@ -398,20 +398,24 @@ def test_unreachable_bootstrap_shows_broker_down_and_keeps_events(make_relay):
     assert pg.sql("SELECT status IN ('pending', 'in_flight'), attempts FROM outbox.events") == [(True, 0)]
 
 
-def test_missing_database_is_reported_and_retried_slowly(mock_cluster, make_relay):
-    pg = make_relay(mock_cluster.bootstrap, database="no_such_db", create_extension=False)
-    pg.database = "postgres"
-    wait_until(lambda: "does not exist" in pg.log(), 30, "connection failure logged")
-    # outbox.worker_status() is read from any database (the extension is created in postgres).
+def test_missing_database_is_reported_once_and_picked_up_when_created(mock_cluster, make_relay):
+    # outbox.database (deprecated) naming a database that does not exist: the launcher says so
+    # once, starts no worker, and relays the database once CREATE DATABASE made it.
+    pg = make_relay(mock_cluster.bootstrap, database="no_such_db", create_extension=False, single_database=True)
+    line = 'outbox.database "no_such_db" does not exist'
+    wait_until(lambda: line in pg.log(), 30, "missing database logged")
+    pg.sql("CREATE DATABASE no_such_db", dbname="postgres")
     pg.sql("CREATE EXTENSION outbox")
-    wait_until(lambda: pg.workers()[0][2] == "misconfigured", 30, "misconfigured state")
-    assert 'could not connect to database "no_such_db"' in pg.workers()[0][5]
-    # The next attempt waits a minute, not bgw_restart_time: one FATAL line so far.
-    assert pg.log().count('database "no_such_db" does not exist') == 1
+    pg.wait_workers_running(1)
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'x'::text)")
+    pg.wait_published(1)
+    assert pg.log().count(line) == 1
 
 
 def test_idle_without_extension_logs_once_and_starts_after_create(mock_cluster, make_relay):
-    pg = make_relay(mock_cluster.bootstrap, create_extension=False, poll_interval="100ms")
+    # With outbox.database set (deprecated), its workers wait in the database for the extension
+    # (without it, no process stays in a database without the extension: test_launcher.py).
+    pg = make_relay(mock_cluster.bootstrap, create_extension=False, poll_interval="100ms", single_database=True)
     line = 'extension "outbox" is not installed in database "postgres"'
     wait_until(lambda: line in pg.log(), 30, "not-installed log line")
     pid = wait_until(lambda: pg.value("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox relay'"), 10,
@@ -453,7 +457,7 @@ def test_relay_sql_ignores_objects_planted_by_database_users(mock_cluster, make_
 
 
 def test_create_extension_in_another_database_warns(mock_cluster, make_relay):
-    pg = make_relay(mock_cluster.bootstrap)
+    pg = make_relay(mock_cluster.bootstrap, single_database=True)
     pg.sql("CREATE DATABASE other")
     with pg.connect("other") as c:
         notices = []

@@ -32,7 +32,6 @@ class PgCluster:
         self.log_path = os.path.join(self.tmp, "postgres.log")
         self.settings = {
             "shared_preload_libraries": "'outbox'",
-            "outbox.database": f"'{database}'",
             "outbox.poll_interval": "'2s'",
             "outbox.backoff_base": "'100ms'",
             "outbox.backoff_max": "'1s'",
@@ -76,14 +75,13 @@ class PgCluster:
         return self
 
     def setup_database(self):
-        # The relay's database: postgres exists from initdb on. Another one (only created when
-        # the extension is wanted, so tests can name a missing database) needs a restart.
+        # The relay's database: postgres exists from initdb on. Another one is only created when
+        # the extension is wanted, so tests can name a missing database. The launcher relays
+        # every database where the extension is installed (outbox.database unset), and starts
+        # the workers at CREATE EXTENSION's commit.
         if self.database != "postgres" and self.create_extension:
             with self.connect("postgres") as c:
                 c.execute(f'CREATE DATABASE "{self.database}"')
-            # Workers that found no database wait a minute before trying again; a restart (fresh
-            # shared memory) lets them connect now.
-            self.restart()
         if self.create_extension:
             with self.connect() as c:
                 c.execute("CREATE EXTENSION outbox")

@@ -1,0 +1,332 @@
+"""One install, many databases: the launcher starts relay workers for every database where the
+extension is installed, stops them when the extension or the database is dropped, without a
+restart; per-database outbox.workers; the cluster's worker budget, shown in the views; the
+deprecated outbox.database; per-(topic, key) order and nothing lost per database across a crash
+and a restart."""
+
+import contextlib
+import os
+import signal
+import threading
+
+import psycopg
+
+from harness.kafka_reader import check_delivery, read_topic
+from harness.pg_cluster import PgCluster
+from harness.wait import wait_until
+
+
+@contextlib.contextmanager
+def cluster(mock_cluster, **settings):
+    """A started cluster in launcher mode (outbox.database unset), no extension anywhere yet."""
+    conf = {"outbox.bootstrap_servers": f"'{mock_cluster.bootstrap}'", "outbox.poll_interval": "'500ms'"}
+    conf.update(settings)
+    pg = PgCluster(settings=conf, create_extension=False)
+    try:
+        pg.init().start()
+        yield pg
+    except BaseException:
+        print(f"--- server log {pg.log_path} ---\n" + pg.log()[-8000:])
+        raise
+    finally:
+        pg.cleanup()
+
+
+def add_database(pg, mock_cluster, name, extension=True):
+    pg.sql(f'CREATE DATABASE "{name}"', dbname="postgres")
+    mock_cluster.create_topic(name, 4)
+    if extension:
+        pg.sql("CREATE EXTENSION outbox", dbname=name)
+
+
+def worker_rows(pg, db):
+    return pg.sql("SELECT worker, pid, state, last_error FROM outbox.workers ORDER BY worker", dbname=db)
+
+
+def running(pg, db):
+    """Relay processes connected to `db` (pg_stat_activity, which any database shows)."""
+    return pg.value("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'outbox relay' AND datname = %s",
+                    (db,), dbname="postgres")
+
+
+def wait_running(pg, db, n, timeout=60):
+    def ok():
+        rows = worker_rows(pg, db)
+        return len(rows) == n and all(r[1] for r in rows) and running(pg, db) == n
+    return wait_until(ok, timeout, f"{n} relay workers running in {db}")
+
+
+def launcher_rows(pg, db):
+    return {r[0]: r[1:] for r in pg.sql("SELECT database, state, workers, running, last_error FROM outbox.launcher",
+                                        dbname=db)}
+
+
+def pending(pg, db):
+    return pg.value("SELECT count(*) FROM outbox.events WHERE status <> 'published'", dbname=db)
+
+
+def wait_all_published(pg, db, timeout=90):
+    wait_until(lambda: pending(pg, db) == 0, timeout, f"every event of {db} published")
+
+
+class Writer:
+    """Enqueues into one database (topic = the database's name, 10 keys) from a thread, one
+    transaction after the other, so enqueue order is commit order. Keeps {key: [event_id]}."""
+
+    def __init__(self, pg, db):
+        self.pg, self.db, self.by_key, self.seq = pg, db, {}, 0
+        self.stop_flag = threading.Event()
+        self.thread = None
+        self.error = None
+
+    def burst(self, transactions):
+        with self.pg.connect(self.db, autocommit=False) as c:
+            for _ in range(transactions):
+                self.transaction(c)
+
+    def transaction(self, c):
+        ids = []
+        for _ in range(5):
+            key = f"k{self.seq % 10}"
+            eid = c.execute("SELECT outbox.enqueue(%s, %s, %s::jsonb)::text",
+                            (self.db, key, f'{{"seq": {self.seq}}}')).fetchone()[0]
+            ids.append((key, eid))
+            self.seq += 1
+        c.commit()
+        for key, eid in ids:
+            self.by_key.setdefault(key, []).append(eid)
+
+    def start(self):
+        def run():
+            try:
+                with self.pg.connect(self.db, autocommit=False) as c:
+                    while not self.stop_flag.is_set():
+                        self.transaction(c)
+                        self.stop_flag.wait(0.02)
+            except Exception as e:  # reported by stop()
+                self.error = e
+        self.stop_flag.clear()
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        return self
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join(30)
+        assert self.error is None, f"writer of {self.db} failed: {self.error!r}"
+
+    @property
+    def count(self):
+        return sum(len(v) for v in self.by_key.values())
+
+    def check(self, bootstrap):
+        records = read_topic(bootstrap, self.db, self.count, settle=True)
+        check = check_delivery(records, self.by_key)
+        assert check.lost == [], f"{self.db}: {len(check.lost)} events lost"
+        assert check.order_violations == [], f"{self.db}: order broken for {check.order_violations}"
+        assert check.unique == self.count
+
+
+def test_three_databases_extension_and_database_dropped_while_others_publish_then_crash_and_restart(
+        mock_cluster):
+    # naptime 1h: every start and stop below comes from a commit telling the launcher, not a rescan.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+        pg.sql("ALTER DATABASE db_b SET outbox.workers = 2", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        wait_running(pg, "db_b", 2)
+        wait_running(pg, "db_c", 1)
+        # No process stays in a database without the extension (its probe left at once).
+        wait_until(lambda: running(pg, "postgres") == 0, 30, "no relay in postgres")
+        assert launcher_rows(pg, "db_a").keys() == {"db_a", "db_b", "db_c"}
+
+        a, b = Writer(pg, "db_a").start(), Writer(pg, "db_b").start()
+        # The extension dropped and created again in db_c while db_a and db_b publish.
+        c = Writer(pg, "db_c")
+        c.burst(4)
+        wait_all_published(pg, "db_c")
+        with pg.connect("db_c") as conn:
+            conn.execute("SET lock_timeout = '20s'")
+            conn.execute("DROP EXTENSION outbox")
+        wait_until(lambda: running(pg, "db_c") == 0, 30, "db_c's worker stopped after DROP EXTENSION")
+        assert 'extension "outbox" is not installed in database "db_c"; stopping' in pg.log()
+        c.check(mock_cluster.bootstrap)
+        pg.sql("CREATE EXTENSION outbox", dbname="db_c")
+        wait_running(pg, "db_c", 1)
+        c.burst(4)  # after the earlier ones of their keys, on the same topic
+        wait_all_published(pg, "db_c")
+        c.check(mock_cluster.bootstrap)
+        # DROP DATABASE of a relayed database, no FORCE: its worker (only its) is stopped first.
+        pids_b = {r[1] for r in worker_rows(pg, "db_b")}
+        pg.sql("DROP DATABASE db_c", dbname="postgres")
+        assert 'stopping the relay workers for DROP DATABASE "db_c"' in pg.log()
+        assert {r[1] for r in worker_rows(pg, "db_b")} == pids_b
+        # The launcher is not stuck: a database created after the drop gets its relay.
+        add_database(pg, mock_cluster, "db_d")
+        wait_running(pg, "db_d", 1)
+        d = Writer(pg, "db_d")
+        d.burst(4)
+        wait_all_published(pg, "db_d")
+        a.stop()
+        b.stop()
+        assert a.count > 0 and b.count > 0
+        rows = launcher_rows(pg, "db_a")
+        assert set(rows) == {"db_a", "db_b", "db_d"}
+        assert all(state == "running" for state, *_ in rows.values()), rows
+        assert rows["db_b"][1:3] == (2, 2)
+
+        # A relay worker crashes: the postmaster restarts everything, the launcher all relays.
+        pid = worker_rows(pg, "db_a")[0][1]
+        pg.expect_killed(pid)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: worker_rows(pg, "db_a")[0][1] not in (None, pid), 60, "relay back after the crash")
+        for db, n in (("db_a", 1), ("db_b", 2), ("db_d", 1)):
+            wait_running(pg, db, n)
+        a.burst(20)
+        b.burst(20)
+        # And a restart.
+        pg.restart()
+        for db, n in (("db_a", 1), ("db_b", 2), ("db_d", 1)):
+            wait_running(pg, db, n)
+        a.burst(20)
+        b.burst(20)
+        d.burst(4)
+        for w in (a, b, d):
+            wait_all_published(pg, w.db)
+            w.check(mock_cluster.bootstrap)
+        assert pg.log().count("outbox launcher started") == 3  # start, after the crash, after the restart
+
+
+def test_per_database_workers_follow_alter_database_without_restart(mock_cluster):
+    with cluster(mock_cluster) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        add_database(pg, mock_cluster, "db_b")
+        wait_running(pg, "db_a", 1)
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 3", dbname="postgres")
+        wait_running(pg, "db_a", 3)
+        wait_running(pg, "db_b", 1)  # its own count: the configuration files'
+        a = Writer(pg, "db_a")
+        a.burst(60)
+        wait_all_published(pg, "db_a")
+        a.check(mock_cluster.bootstrap)
+        assert all(n > 0 for (n,) in pg.sql("SELECT published FROM outbox.workers", dbname="db_a"))
+
+        # 0: no relay for that database, said so in outbox.launcher; nothing published meanwhile.
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 0", dbname="postgres")
+        wait_until(lambda: running(pg, "db_a") == 0 and worker_rows(pg, "db_a") == [], 30, "db_a's relay stopped")
+        wait_until(lambda: launcher_rows(pg, "db_b").get("db_a", ("",))[0] == "disabled", 30, "db_a disabled")
+        pg.sql("SELECT outbox.enqueue('db_a', 'held', 'x'::text)", dbname="db_a")
+        pg.sql("SELECT outbox.enqueue('db_b', 'k', 'y'::text)", dbname="db_b")
+        wait_all_published(pg, "db_b")
+        assert pending(pg, "db_a") == 1
+
+        # RESET: back to the configuration files' count, which a reload changes for db_b too.
+        pg.set(workers=2)
+        pg.sql("ALTER DATABASE db_a RESET outbox.workers", dbname="postgres")
+        wait_running(pg, "db_a", 2)
+        wait_running(pg, "db_b", 2)
+        wait_all_published(pg, "db_a")
+
+
+def test_budget_used_up_is_shown_and_the_database_starts_when_a_slot_is_freed(mock_cluster):
+    with cluster(mock_cluster, **{"outbox.max_workers": "2", "outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        add_database(pg, mock_cluster, "db_b")
+        wait_running(pg, "db_b", 1)
+        add_database(pg, mock_cluster, "db_c")
+
+        def left_out():
+            rows = worker_rows(pg, "db_c")
+            return len(rows) == 1 and rows[0][1] is None and rows[0][2] == "no worker slot" and rows[0][3]
+        wait_until(left_out, 30, "db_c shown without a worker slot")
+        assert "outbox.max_workers = 2" in worker_rows(pg, "db_c")[0][3]
+        state, workers, n_running, error = launcher_rows(pg, "db_a")["db_c"]
+        assert (state, workers, n_running) == ("no worker slot", 1, 0) and "outbox.max_workers" in error
+        assert pg.value("SELECT max_workers FROM outbox.launcher LIMIT 1", dbname="db_a") == 2
+        pg.sql("SELECT outbox.enqueue('db_c', 'k', 'waits for a slot'::text)", dbname="db_c")
+        assert pg.log().count('database "db_c": no worker slot') == 1  # logged once, not per look
+
+        # DROP EXTENSION in db_a frees its slot: db_c starts and publishes.
+        with pg.connect("db_a") as c:
+            c.execute("SET lock_timeout = '20s'")
+            c.execute("DROP EXTENSION outbox")
+        wait_running(pg, "db_c", 1)
+        wait_all_published(pg, "db_c")
+
+
+def test_max_worker_processes_used_up_is_shown(mock_cluster):
+    # 3 = the logical replication launcher, the outbox launcher and one relay worker.
+    with cluster(mock_cluster, max_worker_processes="3", **{"outbox.launcher_naptime": "'2s'"}) as pg:
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+
+        def shown():
+            rows = [worker_rows(pg, db) for db in ("db_a", "db_b", "db_c")]
+            refused = [r for rs in rows for r in rs if r[2] == "no worker slot"]
+            return refused and all("max_worker_processes" in r[3] for r in refused) and running(pg, "db_a") + \
+                running(pg, "db_b") + running(pg, "db_c") >= 1
+        wait_until(shown, 60, "a database without a worker slot, for max_worker_processes")
+        assert "max_worker_processes (3) is used up" in pg.log()
+
+
+def test_outbox_database_still_relays_that_database_only_and_says_it_is_deprecated(mock_cluster):
+    with cluster(mock_cluster, **{"outbox.database": "'db_a'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("CREATE DATABASE db_b", dbname="postgres")
+        with pg.connect("db_b") as c:
+            notices = []
+            c.add_notice_handler(lambda d: notices.append(d.message_primary))
+            c.execute("CREATE EXTENSION outbox")
+        assert any('outbox events in database "db_b" will not be published' in n for n in notices)
+        wait_running(pg, "db_a", 1)
+        assert "outbox.database is deprecated" in pg.log()
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'x'::text)", dbname="db_a")
+        pg.sql("SELECT outbox.enqueue('db_b', 'k', 'y'::text)", dbname="db_b")
+        wait_all_published(pg, "db_a")
+        assert running(pg, "db_b") == 0 and worker_rows(pg, "db_b") == []
+        assert pending(pg, "db_b") == 1
+
+
+def test_outbox_database_created_later_is_relayed_without_restart(mock_cluster):
+    with cluster(mock_cluster, **{"outbox.database": "'later'"}) as pg:
+        line = 'outbox.database "later" does not exist'
+        wait_until(lambda: line in pg.log(), 30, "missing database logged")
+        add_database(pg, mock_cluster, "later")
+        wait_running(pg, "later", 1)
+        pg.sql("SELECT outbox.enqueue('later', 'k', 'x'::text)", dbname="later")
+        wait_all_published(pg, "later")
+        assert pg.log().count(line) == 1
+
+
+def test_sessions_cannot_change_the_per_database_count(mock_cluster):
+    with cluster(mock_cluster) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("CREATE ROLE owner_a LOGIN")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="db_a", autocommit=True) as c:
+            for statement in ("ALTER DATABASE db_a SET outbox.workers = 30", "SET outbox.workers = 30"):
+                try:
+                    c.execute(statement)
+                    raise AssertionError(f"{statement} was allowed")
+                except psycopg.errors.InsufficientPrivilege:
+                    pass
+        wait_running(pg, "db_a", 1)
+
+
+def test_terminated_launcher_comes_back_and_takes_over_the_relay(mock_cluster):
+    with cluster(mock_cluster) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        launcher = "SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox launcher'"
+        old_launcher, old_worker = pg.value(launcher), worker_rows(pg, "db_a")[0][1]
+        assert pg.value("SELECT pg_terminate_backend(%s)", (old_launcher,))
+        # The new launcher has no handles for the old workers: it stops them and starts afresh.
+        wait_until(lambda: pg.value(launcher) not in (None, old_launcher), 60, "launcher restarted")
+        wait_until(lambda: worker_rows(pg, "db_a")[0][1] not in (None, old_worker), 60, "worker started afresh")
+        wait_running(pg, "db_a", 1)
+        a = Writer(pg, "db_a")
+        a.burst(10)
+        wait_all_published(pg, "db_a")
+        a.check(mock_cluster.bootstrap)
