@@ -167,7 +167,7 @@ DefineSettings() {
 	                        &settings.publish_timeout_ms, 30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
 	                        nullptr, nullptr);
 	DefineCustomIntVariable("outbox.batch_size", "Most events a relay worker claims at once.", nullptr,
-	                        &settings.batch_size, 5000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	                        &settings.batch_size, 20000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.batch_max_bytes", "Most payload bytes a relay worker claims at once.",
 	                        "Bounds the worker's memory however large the backlog; one event is always taken.",
 	                        &settings.batch_max_bytes, 16 * 1024 * 1024, 1024, INT_MAX, PGC_SIGHUP, GUC_UNIT_BYTE,

@@ -9,7 +9,7 @@ namespace outbox {
 
 // Batch sizes up to outbox.batch_size's default and beyond; seconds from a fast local claim
 // (about a millisecond) to outbox.publish_timeout's default.
-const double kBatchSizeBounds[kBatchSizeBuckets] = {1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000};
+const double kBatchSizeBounds[kBatchSizeBuckets] = {1, 10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 20000, 50000};
 const double kSecondsBounds[kSecondsBuckets] = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                 0.25,   0.5,   1,      2.5,   5,    10,   30};
 

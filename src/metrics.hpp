@@ -12,7 +12,7 @@ struct Batch;
 enum class Outcome : char;
 
 // Upper bounds (inclusive, `le`) of the finite buckets; a last bucket takes everything above.
-constexpr int kBatchSizeBuckets = 10;
+constexpr int kBatchSizeBuckets = 12;
 constexpr int kSecondsBuckets = 15;
 constexpr int kMaxBuckets = 15;
 extern const double kBatchSizeBounds[kBatchSizeBuckets];

@@ -57,7 +57,7 @@ def check_histogram(samples, histogram, bounds):
 
 SECONDS_BOUNDS = ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1",
                   "2.5", "5", "10", "30"]
-BATCH_BOUNDS = ["1", "10", "50", "100", "250", "500", "1000", "2500", "5000", "10000"]
+BATCH_BOUNDS = ["1", "10", "50", "100", "250", "500", "1000", "2500", "5000", "10000", "20000", "50000"]
 
 
 def test_postgres_exporter_scrapes_outbox_series_after_a_known_workload(mock_cluster, make_relay):
