@@ -330,3 +330,41 @@ def test_terminated_launcher_comes_back_and_takes_over_the_relay(mock_cluster):
         a.burst(10)
         wait_all_published(pg, "db_a")
         a.check(mock_cluster.bootstrap)
+
+
+def test_a_count_above_the_whole_budget_is_named_as_the_reason(mock_cluster):
+    # No other database holds a slot: "used up by other databases" would send the operator
+    # looking for databases that are not there, waiting for a slot that never fits.
+    with cluster(mock_cluster, **{"outbox.max_workers": "2", "outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 3", dbname="postgres")
+
+        def reason():
+            rows = worker_rows(pg, "db_a")
+            return rows and rows[0][2] == "no worker slot" and rows[0][3]
+        wait_until(reason, 30, "db_a shown without a worker slot")
+        error = worker_rows(pg, "db_a")[0][3]
+        assert "outbox.workers = 3 for this database is more than outbox.max_workers = 2" in error, error
+        assert "other databases" not in error
+
+
+def test_a_count_lowered_while_it_does_not_fit_starts_the_database(mock_cluster):
+    # Holding no slot, the database has no worker to see its new count: the launcher must look
+    # again rather than wait for slots for the old one (forever, when it exceeds the budget).
+    with cluster(mock_cluster, **{"outbox.max_workers": "2", "outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 3", dbname="postgres")
+        wait_until(lambda: launcher_rows(pg, "db_a").get("db_a", ("",))[0] == "no worker slot", 30,
+                   "db_a without a worker slot")
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 2", dbname="postgres")
+        wait_running(pg, "db_a", 2)
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'x'::text)", dbname="db_a")
+        wait_all_published(pg, "db_a")
+        # The same through the configuration files: 3 there, none of its own, then 1 and a reload.
+        pg.sql("ALTER DATABASE db_a RESET outbox.workers", dbname="postgres")
+        pg.set(workers=3)
+        wait_until(lambda: launcher_rows(pg, "db_a").get("db_a", ("",))[0] == "no worker slot", 30,
+                   "db_a without a worker slot again")
+        pg.set(workers=1)
+        wait_running(pg, "db_a", 1)
