@@ -50,6 +50,7 @@ struct Database {
 	TimestampTz not_before;  // no start before (restart delay, no slot)
 	bool stopping;           // the launcher asked its workers to stop
 	TimestampTz asked_at;    // a session's commit last asked to look at it
+	bool template_logged;    // made a template (ALTER DATABASE ... IS_TEMPLATE): said once
 	DatabaseState state;
 	char error[256];
 	TimestampTz error_at;
@@ -216,6 +217,16 @@ ScanDatabases() {
 		Form_pg_database row = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
 		// -2: DATCONNLIMIT_INVALID_DB, a DROP DATABASE that was interrupted.
 		if (row->datistemplate || row->datconnlimit == -2) {
+			Database *known = FindDatabase(row->oid);
+			if (row->datistemplate && known != nullptr && known->extension == Extension::Present &&
+			    !known->template_logged) {
+				known->template_logged = true;
+				// Its owner may do this (no superuser needed): the relay must not stop unseen.
+				ereport(LOG, (errmsg("outbox launcher: database \"%s\" is a template now: its relay stops and its "
+				                     "events wait",
+				                     NameStr(row->datname)),
+				              errhint("ALTER DATABASE ... IS_TEMPLATE false starts it again.")));
+			}
 			continue;
 		}
 		const char *name = NameStr(row->datname);

@@ -368,3 +368,23 @@ def test_a_count_lowered_while_it_does_not_fit_starts_the_database(mock_cluster)
                    "db_a without a worker slot again")
         pg.set(workers=1)
         wait_running(pg, "db_a", 1)
+
+
+def test_a_relayed_database_made_a_template_by_its_owner_says_so_and_resumes(mock_cluster):
+    # Templates are not relayed, and IS_TEMPLATE needs no superuser: the relay must not stop unseen.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("CREATE ROLE owner_a LOGIN")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_a IS_TEMPLATE true")
+        wait_until(lambda: running(pg, "db_a") == 0, 30, "db_a's relay stopped")
+        line = 'database "db_a" is a template now: its relay stops and its events wait'
+        wait_until(lambda: line in pg.log(), 30, "the stop logged")
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'waits'::text)", dbname="db_a")
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_a IS_TEMPLATE false")
+        wait_running(pg, "db_a", 1)
+        wait_all_published(pg, "db_a")
+        assert pg.log().count(line) == 1
