@@ -388,3 +388,28 @@ def test_a_relayed_database_made_a_template_by_its_owner_says_so_and_resumes(moc
         wait_running(pg, "db_a", 1)
         wait_all_published(pg, "db_a")
         assert pg.log().count(line) == 1
+
+
+def test_the_owner_renames_a_relayed_database_and_its_relay_follows(mock_cluster):
+    # RenameDatabase refuses while any other session is connected: the relay must step aside for
+    # whom the rename would go ahead (owner with CREATEDB), and only for them.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("CREATE ROLE owner_a LOGIN CREATEDB")
+        pg.sql("CREATE ROLE other LOGIN CREATEDB")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        pid = worker_rows(pg, "db_a")[0][1]
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="other", dbname="postgres", autocommit=True) as c:
+            try:
+                c.execute("ALTER DATABASE db_a RENAME TO db_x")
+                raise AssertionError("a non-owner renamed the database")
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+        assert worker_rows(pg, "db_a")[0][1] == pid  # not restarted for someone else's attempt
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_a RENAME TO db_r")
+        wait_running(pg, "db_r", 1)
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'after the rename'::text)", dbname="db_r")
+        wait_all_published(pg, "db_r")
+        wait_until(lambda: "db_r" in launcher_rows(pg, "db_r"), 30, "outbox.launcher shows the new name")
