@@ -413,3 +413,25 @@ def test_the_owner_renames_a_relayed_database_and_its_relay_follows(mock_cluster
         pg.sql("SELECT outbox.enqueue('db_a', 'k', 'after the rename'::text)", dbname="db_r")
         wait_all_published(pg, "db_r")
         wait_until(lambda: "db_r" in launcher_rows(pg, "db_r"), 30, "outbox.launcher shows the new name")
+
+
+def test_a_database_owner_cannot_restart_other_databases_relays(mock_cluster):
+    # RESET ALL is open to a database's owner; it cannot touch outbox.workers (SUSET), so it must
+    # not restart anything, and repeating it in one transaction must not become "restart every
+    # database" (a restart resends the batches in flight).
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+        pg.sql("CREATE ROLE owner_a LOGIN")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        for db in ("db_a", "db_b", "db_c"):
+            wait_running(pg, db, 1)
+        pids = {db: worker_rows(pg, db)[0][1] for db in ("db_a", "db_b")}
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres") as c:
+            for _ in range(6):
+                c.execute("ALTER DATABASE db_a RESET ALL")
+            c.commit()
+        # A later request, once served, shows the launcher has taken the earlier ones.
+        pg.sql("ALTER DATABASE db_c SET outbox.workers = 2", dbname="postgres")
+        wait_running(pg, "db_c", 2)
+        assert {db: worker_rows(pg, db)[0][1] for db in ("db_a", "db_b")} == pids
