@@ -394,7 +394,14 @@ Reconcile(Database *db, TimestampTz now) {
 		if (FreeSlots() < want) {
 			// More than the whole budget never fits, however many slots are freed: say so.
 			char error[256];
-			if (want > settings.max_workers) {
+			if (db->extension != Extension::Present) {
+				// Every database is looked into (the launcher cannot see pg_extension): a database
+				// without the extension must not read as one that wants a relay.
+				snprintf(error, sizeof(error),
+				         "no worker slot to look into it (whether the extension is installed there): "
+				         "outbox.max_workers = %d used up; retrying when a slot is freed",
+				         settings.max_workers);
+			} else if (want > settings.max_workers) {
 				snprintf(error, sizeof(error),
 				         "no worker slot: outbox.workers = %d for this database is more than outbox.max_workers = %d; "
 				         "lower it (ALTER DATABASE ... SET outbox.workers) or raise outbox.max_workers",

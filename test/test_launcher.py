@@ -435,3 +435,14 @@ def test_a_database_owner_cannot_restart_other_databases_relays(mock_cluster):
         pg.sql("ALTER DATABASE db_c SET outbox.workers = 2", dbname="postgres")
         wait_running(pg, "db_c", 2)
         assert {db: worker_rows(pg, db)[0][1] for db in ("db_a", "db_b")} == pids
+
+
+def test_a_database_not_looked_into_for_want_of_a_slot_is_not_said_to_want_workers(mock_cluster):
+    # The launcher looks into every database; "postgres" has no extension, and with the budget
+    # used up its look waits: the reason must say that, not that it wants relay workers.
+    with cluster(mock_cluster, **{"outbox.max_workers": "1", "outbox.launcher_naptime": "'1s'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        wait_until(lambda: "postgres" in launcher_rows(pg, "db_a"), 30, "postgres shown without a slot")
+        state, _, _, error = launcher_rows(pg, "db_a")["postgres"]
+        assert state == "no worker slot" and "to look into it" in error and "wanted" not in error, error
