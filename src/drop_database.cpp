@@ -6,6 +6,9 @@
 // owner or a superuser, as a top-level statement outside a transaction block. Anyone else's
 // DROP DATABASE (which then fails) must not be a way to restart the relay.
 //
+// ALTER DATABASE ... RENAME refuses while the relay is connected as well: the hook stops the
+// workers for that statement only (RenameWillProceed).
+//
 // The same hook tells the launcher what other statements' commits change for it
 // (launcher.cpp NoteStatementForLauncher).
 #include "drop_database.hpp"
@@ -136,6 +139,30 @@ OthersHoldTheDatabase(Oid db, const DropdbStmt *stmt) {
 	return held;
 }
 
+// ALTER DATABASE ... RENAME refuses while the relay is connected too. The relay follows the
+// database by OID, so its workers are only stopped for the statement and started again right
+// after it (its commit, when in a transaction block, then renames under their feet harmlessly:
+// they wait for the database's lock to connect). Only for whom RenameDatabase() would let
+// through (owner with CREATEDB, or a superuser): nobody else can make the relay restart.
+bool
+RenameWillProceed(Oid db) {
+	if (shared == nullptr || !OidIsValid(db) || db == MyDatabaseId || !RelayServes(db)) {
+		return false; // no such database, "current database cannot be renamed", no relay
+	}
+	if (superuser()) {
+		return true;
+	}
+	if (!OutboxDatabaseOwnerCheck(db, GetUserId())) {
+		return false;
+	}
+	HeapTuple role = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+	bool createdb = HeapTupleIsValid(role) && reinterpret_cast<Form_pg_authid>(GETSTRUCT(role))->rolcreatedb;
+	if (HeapTupleIsValid(role)) {
+		ReleaseSysCache(role);
+	}
+	return createdb;
+}
+
 // The checks standard_ProcessUtility and dropdb() make before they would drop anything.
 bool
 DropWillProceed(const DropdbStmt *stmt, ProcessUtilityContext context, Oid db) {
@@ -169,6 +196,16 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 			stopped_for = db;
 		}
 	}
+	Oid renaming = InvalidOid;
+	if (IsA(stmt, RenameStmt) && reinterpret_cast<RenameStmt *>(stmt)->renameType == OBJECT_DATABASE) {
+		const RenameStmt *rename = reinterpret_cast<RenameStmt *>(stmt);
+		Oid db = get_database_oid(rename->subname, true);
+		if (RenameWillProceed(db)) {
+			ereport(LOG, (errmsg("outbox: stopping the relay workers for ALTER DATABASE \"%s\" RENAME", rename->subname)));
+			StopRelayWorkers(db);
+			stopped_for = renaming = db;
+		}
+	}
 	PG_TRY();
 	{
 		if (previous_utility_hook) {
@@ -179,13 +216,16 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 	}
 	PG_CATCH();
 	{
-		// The drop failed after all: the launcher starts the database's workers again.
+		// The drop (or rename) failed after all: the launcher starts the database's workers again.
 		if (OidIsValid(stopped_for)) {
 			ResumeDatabase(stopped_for);
 		}
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	if (OidIsValid(renaming)) {
+		ResumeDatabase(renaming); // renamed: the launcher starts its workers again
+	}
 }
 
 } // namespace

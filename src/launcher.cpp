@@ -50,6 +50,7 @@ struct Database {
 	TimestampTz not_before;  // no start before (restart delay, no slot)
 	bool stopping;           // the launcher asked its workers to stop
 	TimestampTz asked_at;    // a session's commit last asked to look at it
+	bool template_logged;    // made a template (ALTER DATABASE ... IS_TEMPLATE): said once
 	DatabaseState state;
 	char error[256];
 	TimestampTz error_at;
@@ -216,6 +217,16 @@ ScanDatabases() {
 		Form_pg_database row = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
 		// -2: DATCONNLIMIT_INVALID_DB, a DROP DATABASE that was interrupted.
 		if (row->datistemplate || row->datconnlimit == -2) {
+			Database *known = FindDatabase(row->oid);
+			if (row->datistemplate && known != nullptr && known->extension == Extension::Present &&
+			    !known->template_logged) {
+				known->template_logged = true;
+				// Its owner may do this (no superuser needed): the relay must not stop unseen.
+				ereport(LOG, (errmsg("outbox launcher: database \"%s\" is a template now: its relay stops and its "
+				                     "events wait",
+				                     NameStr(row->datname)),
+				              errhint("ALTER DATABASE ... IS_TEMPLATE false starts it again.")));
+			}
 			continue;
 		}
 		const char *name = NameStr(row->datname);
@@ -381,11 +392,26 @@ Reconcile(Database *db, TimestampTz now) {
 	}
 	if (n == 0) {
 		if (FreeSlots() < want) {
+			// More than the whole budget never fits, however many slots are freed: say so.
 			char error[256];
-			snprintf(error, sizeof(error),
-			         "no worker slot: %d relay workers wanted, outbox.max_workers = %d used up by other databases; "
-			         "retrying when a slot is freed",
-			         want, settings.max_workers);
+			if (db->extension != Extension::Present) {
+				// Every database is looked into (the launcher cannot see pg_extension): a database
+				// without the extension must not read as one that wants a relay.
+				snprintf(error, sizeof(error),
+				         "no worker slot to look into it (whether the extension is installed there): "
+				         "outbox.max_workers = %d used up; retrying when a slot is freed",
+				         settings.max_workers);
+			} else if (want > settings.max_workers) {
+				snprintf(error, sizeof(error),
+				         "no worker slot: outbox.workers = %d for this database is more than outbox.max_workers = %d; "
+				         "lower it (ALTER DATABASE ... SET outbox.workers) or raise outbox.max_workers",
+				         want, settings.max_workers);
+			} else {
+				snprintf(error, sizeof(error),
+				         "no worker slot: %d relay workers wanted, outbox.max_workers = %d used up by other databases; "
+				         "retrying when a slot is freed",
+				         want, settings.max_workers);
+			}
 			NoteProblem(db, DatabaseState::NoWorkerSlot, error);
 			return;
 		}
@@ -531,14 +557,26 @@ TakeRequests() {
 			if (!SingleDatabaseMode()) {
 				db->extension = Extension::Unknown;
 			}
-			if (db->wanted == 0) {
-				db->wanted = ProbeCount();
-			}
+			// The count it starts with is looked up again too: a database holding no slot (its
+			// count did not fit) has no worker to see a lowered one, and would wait for the old.
+			db->wanted = ProbeCount();
 			db->next_probe = 0;
 			db->not_before = 0;
 		}
 	}
 	return rescan || probe_all || n > 0;
+}
+
+// Databases that hold no slot start next with the configuration files' count, corrected by
+// their first worker: the count they wait for may be one nobody wants any more.
+void
+ProbeAgainWithoutSlots() {
+	for (int i = 0; i < n_databases; i++) {
+		int slots[kMaxSlots];
+		if (databases[i].wanted != 0 && SlotsOf(databases[i].oid, slots) == 0) {
+			databases[i].wanted = ProbeCount();
+		}
+	}
 }
 
 void
@@ -579,6 +617,9 @@ LauncherMain(Datum) {
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
 			reloaded = true;
+		}
+		if (reloaded) {
+			ProbeAgainWithoutSlots(); // outbox.workers of the configuration files may have changed
 		}
 		TimestampTz now = Now();
 		if (TakeRequests() || reloaded || now >= next_scan) {

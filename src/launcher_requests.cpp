@@ -25,6 +25,38 @@ bool pending_rescan = false;
 bool pending_wake_workers = false;
 bool xact_callback_registered = false;
 
+// Whether the session's role can change outbox.workers (SUSET): only then can its RESET ALL
+// have changed a database's count. Anyone else's (a database owner may RESET ALL) restarts
+// nothing.
+bool
+MaySetWorkers() {
+	if (superuser()) {
+		return true;
+	}
+#if PG_VERSION_NUM >= 150000
+	return pg_parameter_aclcheck("outbox.workers", GetUserId(), ACL_SET) == ACLCHECK_OK;
+#else
+	return false;
+#endif
+}
+
+// One entry per database (restart if any asked it): repeating a statement must not fill the
+// list, whose overflow means "look at every database".
+void
+NoteProbe(LauncherRequest request) {
+	for (int i = 0; i < n_pending_probe; i++) {
+		if (pending_probe[i].database == request.database) {
+			pending_probe[i].restart |= request.restart;
+			return;
+		}
+	}
+	if (n_pending_probe == kMaxPendingProbes) {
+		pending_probe[kMaxPendingProbes - 1] = {InvalidOid, true};
+	} else {
+		pending_probe[n_pending_probe++] = request;
+	}
+}
+
 bool
 IsOutbox(const char *name) {
 	return name != nullptr && strcmp(name, "outbox") == 0;
@@ -102,15 +134,11 @@ NoteStatementForLauncher(Node *stmt) {
 	} else if (IsA(stmt, AlterDatabaseSetStmt)) {
 		const AlterDatabaseSetStmt *alter = reinterpret_cast<AlterDatabaseSetStmt *>(stmt);
 		const char *name = alter->setstmt->name; // NULL: RESET ALL
-		probe = name == nullptr || pg_strcasecmp(name, "outbox.workers") == 0;
+		probe = (name == nullptr && MaySetWorkers()) || (name != nullptr && pg_strcasecmp(name, "outbox.workers") == 0);
 		request = {probe ? get_database_oid(alter->dbname, true) : InvalidOid, true};
 	}
 	if (probe) {
-		if (n_pending_probe == kMaxPendingProbes) {
-			pending_probe[kMaxPendingProbes - 1] = {InvalidOid, true};
-		} else {
-			pending_probe[n_pending_probe++] = request;
-		}
+		NoteProbe(request);
 		noted = true;
 	} else if (IsA(stmt, DropStmt) && reinterpret_cast<DropStmt *>(stmt)->removeType == OBJECT_EXTENSION) {
 		ListCell *cell;

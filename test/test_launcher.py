@@ -330,3 +330,119 @@ def test_terminated_launcher_comes_back_and_takes_over_the_relay(mock_cluster):
         a.burst(10)
         wait_all_published(pg, "db_a")
         a.check(mock_cluster.bootstrap)
+
+
+def test_a_count_above_the_whole_budget_is_named_as_the_reason(mock_cluster):
+    # No other database holds a slot: "used up by other databases" would send the operator
+    # looking for databases that are not there, waiting for a slot that never fits.
+    with cluster(mock_cluster, **{"outbox.max_workers": "2", "outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 3", dbname="postgres")
+
+        def reason():
+            rows = worker_rows(pg, "db_a")
+            return rows and rows[0][2] == "no worker slot" and rows[0][3]
+        wait_until(reason, 30, "db_a shown without a worker slot")
+        error = worker_rows(pg, "db_a")[0][3]
+        assert "outbox.workers = 3 for this database is more than outbox.max_workers = 2" in error, error
+        assert "other databases" not in error
+
+
+def test_a_count_lowered_while_it_does_not_fit_starts_the_database(mock_cluster):
+    # Holding no slot, the database has no worker to see its new count: the launcher must look
+    # again rather than wait for slots for the old one (forever, when it exceeds the budget).
+    with cluster(mock_cluster, **{"outbox.max_workers": "2", "outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 3", dbname="postgres")
+        wait_until(lambda: launcher_rows(pg, "db_a").get("db_a", ("",))[0] == "no worker slot", 30,
+                   "db_a without a worker slot")
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 2", dbname="postgres")
+        wait_running(pg, "db_a", 2)
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'x'::text)", dbname="db_a")
+        wait_all_published(pg, "db_a")
+        # The same through the configuration files: 3 there, none of its own, then 1 and a reload.
+        pg.sql("ALTER DATABASE db_a RESET outbox.workers", dbname="postgres")
+        pg.set(workers=3)
+        wait_until(lambda: launcher_rows(pg, "db_a").get("db_a", ("",))[0] == "no worker slot", 30,
+                   "db_a without a worker slot again")
+        pg.set(workers=1)
+        wait_running(pg, "db_a", 1)
+
+
+def test_a_relayed_database_made_a_template_by_its_owner_says_so_and_resumes(mock_cluster):
+    # Templates are not relayed, and IS_TEMPLATE needs no superuser: the relay must not stop unseen.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("CREATE ROLE owner_a LOGIN")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_a IS_TEMPLATE true")
+        wait_until(lambda: running(pg, "db_a") == 0, 30, "db_a's relay stopped")
+        line = 'database "db_a" is a template now: its relay stops and its events wait'
+        wait_until(lambda: line in pg.log(), 30, "the stop logged")
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'waits'::text)", dbname="db_a")
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_a IS_TEMPLATE false")
+        wait_running(pg, "db_a", 1)
+        wait_all_published(pg, "db_a")
+        assert pg.log().count(line) == 1
+
+
+def test_the_owner_renames_a_relayed_database_and_its_relay_follows(mock_cluster):
+    # RenameDatabase refuses while any other session is connected: the relay must step aside for
+    # whom the rename would go ahead (owner with CREATEDB), and only for them.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("CREATE ROLE owner_a LOGIN CREATEDB")
+        pg.sql("CREATE ROLE other LOGIN CREATEDB")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        pid = worker_rows(pg, "db_a")[0][1]
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="other", dbname="postgres", autocommit=True) as c:
+            try:
+                c.execute("ALTER DATABASE db_a RENAME TO db_x")
+                raise AssertionError("a non-owner renamed the database")
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+        assert worker_rows(pg, "db_a")[0][1] == pid  # not restarted for someone else's attempt
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_a RENAME TO db_r")
+        wait_running(pg, "db_r", 1)
+        pg.sql("SELECT outbox.enqueue('db_a', 'k', 'after the rename'::text)", dbname="db_r")
+        wait_all_published(pg, "db_r")
+        wait_until(lambda: "db_r" in launcher_rows(pg, "db_r"), 30, "outbox.launcher shows the new name")
+
+
+def test_a_database_owner_cannot_restart_other_databases_relays(mock_cluster):
+    # RESET ALL is open to a database's owner; it cannot touch outbox.workers (SUSET), so it must
+    # not restart anything, and repeating it in one transaction must not become "restart every
+    # database" (a restart resends the batches in flight).
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+        pg.sql("CREATE ROLE owner_a LOGIN")
+        pg.sql("ALTER DATABASE db_a OWNER TO owner_a", dbname="postgres")
+        for db in ("db_a", "db_b", "db_c"):
+            wait_running(pg, db, 1)
+        pids = {db: worker_rows(pg, db)[0][1] for db in ("db_a", "db_b")}
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="owner_a", dbname="postgres") as c:
+            for _ in range(6):
+                c.execute("ALTER DATABASE db_a RESET ALL")
+            c.commit()
+        # A later request, once served, shows the launcher has taken the earlier ones.
+        pg.sql("ALTER DATABASE db_c SET outbox.workers = 2", dbname="postgres")
+        wait_running(pg, "db_c", 2)
+        assert {db: worker_rows(pg, db)[0][1] for db in ("db_a", "db_b")} == pids
+
+
+def test_a_database_not_looked_into_for_want_of_a_slot_is_not_said_to_want_workers(mock_cluster):
+    # The launcher looks into every database; "postgres" has no extension, and with the budget
+    # used up its look waits: the reason must say that, not that it wants relay workers.
+    with cluster(mock_cluster, **{"outbox.max_workers": "1", "outbox.launcher_naptime": "'1s'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        wait_running(pg, "db_a", 1)
+        wait_until(lambda: "postgres" in launcher_rows(pg, "db_a"), 30, "postgres shown without a slot")
+        state, _, _, error = launcher_rows(pg, "db_a")["postgres"]
+        assert state == "no worker slot" and "to look into it" in error and "wanted" not in error, error
