@@ -129,7 +129,7 @@ CREATE INDEX ON invoices (subscription_id);
 CREATE ROLE billing_app LOGIN;
 GRANT SELECT, INSERT, UPDATE ON invoices TO billing_app;
 GRANT USAGE ON SCHEMA outbox TO billing_app;
-GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid) TO billing_app;
+GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, text, text, boolean, text, text) TO billing_app;
 GRANT EXECUTE ON FUNCTION outbox.event_id(text, text) TO billing_app;
 """
 
