@@ -6,6 +6,7 @@
 #include "guc.hpp"
 #include "metrics.hpp"
 #include "shmem.hpp"
+#include "sql_rows.hpp"
 
 namespace {
 
@@ -34,21 +35,11 @@ PutHistogram(const outbox::Histogram &h, const double *bounds, int n_bounds, Dat
 } // namespace
 
 OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
-	ReturnSetInfo *rsinfo = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo);
-	if (rsinfo == nullptr || !IsA(rsinfo, ReturnSetInfo) || !(rsinfo->allowedModes & SFRM_Materialize)) {
-		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-		                errmsg("outbox.worker_metrics() must be called in a FROM clause")));
-	}
-	TupleDesc desc;
-	if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE || desc->natts != kColumns) {
+	Tuplestorestate *store = BeginRows(fcinfo, "outbox.worker_metrics()");
+	TupleDesc desc = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo)->setDesc;
+	if (desc->natts != kColumns) {
 		elog(ERROR, "outbox.worker_metrics: return type must be a row type of %d columns", kColumns);
 	}
-	MemoryContext old = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	Tuplestorestate *store = tuplestore_begin_heap(true, false, work_mem);
-	rsinfo->returnMode = SFRM_Materialize;
-	rsinfo->setResult = store;
-	rsinfo->setDesc = CreateTupleDescCopy(desc);
-	MemoryContextSwitchTo(old);
 
 	TimestampTz now = GetCurrentTimestamp();
 	// Every slot the launcher handed out, whatever database it serves: one scrape covers the
@@ -91,7 +82,7 @@ OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 		PutHistogram(m.publish_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 4);
 		PutHistogram(m.claim_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 8);
 		PutHistogram(m.record_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 12);
-		tuplestore_putvalues(store, rsinfo->setDesc, values, nulls);
+		tuplestore_putvalues(store, desc, values, nulls);
 	}
 	return Datum(0);
 }
