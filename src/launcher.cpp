@@ -584,6 +584,7 @@ LauncherMain(Datum) {
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	BackgroundWorkerUnblockSignals();
+	ConfigReloadPending = true; // a reload signalled before the handler was ignored (worker.cpp)
 	// Shared catalogs only (pg_database, pg_db_role_setting): the launcher holds no database, so
 	// it never stands in the way of DROP DATABASE.
 	BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);

@@ -991,6 +991,9 @@ RelayMain(Datum arg) {
 	pqsignal(SIGTERM, SignalHandlerForShutdownRequest);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	BackgroundWorkerUnblockSignals();
+	// Until the handler above, bgworker.c ignores SIGHUP: a reload signalled between the fork and
+	// here is lost, and this worker would keep the old outbox.workers. The loop reads the files once.
+	ConfigReloadPending = true;
 
 	uint32 generation;
 	memcpy(&generation, MyBgworkerEntry->bgw_extra, sizeof(generation));
