@@ -35,7 +35,9 @@ def procedure_sql():
     st = relay_statements()
     candidates = _bind(st["candidates"], CANDIDATES_PARAMS)
     lock = _bind(st["lock"], LOCK_PARAMS)
-    published = _bind(st["published"], PUBLISHED_PARAMS)
+    # Inside one CALL, statement_timestamp() is the CALL's start for every batch; the relay runs
+    # each record as a statement of its own. The drain's end is read from published_at.
+    published = _bind(st["published"], PUBLISHED_PARAMS).replace("statement_timestamp()", "clock_timestamp()")
     return f"""
 CREATE SCHEMA IF NOT EXISTS bench;
 CREATE OR REPLACE PROCEDURE bench.sql_floor(p_n_workers int, p_worker int, p_batch_size int,
