@@ -55,6 +55,31 @@ INSERT INTO outbox.events (event_id, topic, key, lane, payload)
 VALUES (:good_id, 'billing', NULL, outbox.lane_of(NULL, :good_id), NULL);
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, kafka_partition)
 VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x00', -1);
+-- A key longer than the per-key indexes take; a lane outside 0..1023; a status the relay does
+-- not know; published_at without status 'published', and the reverse; a header value that is not
+-- a string (an array of strings is not one either).
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), 'billing', repeat('k', 2049), outbox.lane_of(repeat('k', 2049), NULL), '\x00');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), 'billing', 'k1', 1024, '\x00');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload)
+VALUES (gen_random_uuid(), 'billing', 'k1', -1, '\x00');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, status)
+VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', 'sent');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, published_at)
+VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', now());
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, status)
+VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', 'published');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
+VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', '{"a": ["x"]}');
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, claimed_at)
+VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', '-infinity');
+-- A row breaking several rules is refused for the first by name (the order PostgreSQL applied
+-- them in as constraints of their own); the error says the rule and where the rules are.
+\set VERBOSITY default
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, attempts)
+VALUES (gen_random_uuid(), 'bad topic', 'k1', 0, '\x00', -1);
+\set VERBOSITY terse
 -- An UPDATE is held to the same checks.
 UPDATE outbox.events SET key = 'k2';
 UPDATE outbox.events SET next_attempt_at = 'infinity';

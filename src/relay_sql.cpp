@@ -191,6 +191,16 @@ ExtensionOwns(Oid ext, Oid class_id, Oid object_id) {
 	return getExtensionOfObject(class_id, object_id) == ext;
 }
 
+// Whether role may execute outbox's function name(argtypes). Found in the checked schema directly:
+// a name lookup would check the schema's USAGE for whoever the session is, which is not the
+// question here.
+bool
+CanExecute(Oid nsp, Oid role, const char *name, Oid *argtypes, int nargs) {
+	Oid proc = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid, CStringGetDatum(name),
+	                           PointerGetDatum(buildoidvector(argtypes, nargs)), ObjectIdGetDatum(nsp));
+	return OidIsValid(proc) && OutboxProcAclCheck(proc, role, ACL_EXECUTE) == ACLCHECK_OK;
+}
+
 // The relay's role, or InvalidOid with the reason in step_problem. Checked every step: a
 // reload may name another role, and rights may be revoked at any time. Missing rights are a
 // configuration problem to report, not an ERROR to loop on.
@@ -243,15 +253,17 @@ RelayRole(Oid nsp, Oid rel) {
 	for (AclMode mode : needed) {
 		ok = ok && pg_class_aclcheck(rel, role, mode) == ACLCHECK_OK;
 	}
-	// Found in the checked schema directly: a name lookup would check the schema's USAGE for
-	// whoever the session is, which is not the question here.
-	Oid argtypes[2] = {TEXTOID, UUIDOID};
-	Oid lane_of = GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid, CStringGetDatum("lane_of"),
-	                              PointerGetDatum(buildoidvector(argtypes, 2)), ObjectIdGetDatum(nsp));
-	ok = ok && OidIsValid(lane_of) && OutboxProcAclCheck(lane_of, role, ACL_EXECUTE) == ACLCHECK_OK;
+	// The functions of the table's CHECKs, which run with the updating role's rights.
+	Oid lane_of_args[] = {TEXTOID, UUIDOID};
+	Oid row_check_args[] = {TEXTOID, INT2OID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, BOOLOID, INT4OID,
+	                        TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID, INT4OID, INT8OID,
+	                        INT4OID, TEXTOID, TEXTOID, TEXTOID};
+	ok = ok && CanExecute(nsp, role, "lane_of", lane_of_args, lengthof(lane_of_args));
+	ok = ok && CanExecute(nsp, role, "events_row_check", row_check_args, lengthof(row_check_args));
 	if (!ok) {
 		step_problem = psprintf("outbox.relay_role \"%s\" lacks USAGE on schema outbox, SELECT, UPDATE and DELETE on "
-		                        "outbox.events or EXECUTE on outbox.lane_of (ALTER EXTENSION outbox UPDATE grants "
+		                        "outbox.events or EXECUTE on outbox.lane_of and outbox.events_row_check (ALTER "
+		                        "EXTENSION outbox UPDATE grants "
 		                        "them to outbox_relay; README \"Privileges\")",
 		                        name);
 		return InvalidOid;

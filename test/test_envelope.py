@@ -183,11 +183,10 @@ def test_hand_written_cloudevent_rows_the_envelope_cannot_state_are_quarantined(
     own named ce_*/content-type (a second, conflicting ce_id on the record), a created_at that
     ce_time cannot write in RFC 3339. Each goes to failed with a reason, never to Kafka malformed;
     the others publish and the worker does not restart."""
-    from test_safety import drop_check, insert_row, worker_pid
+    from test_safety import drop_row_checks, insert_row, worker_pid
     pg = make_relay(mock_cluster.bootstrap)
     pg.wait_workers_running(1)
-    for check in ("events_lane_of_key_check", "events_cloudevent_check", "events_times_check"):
-        drop_check(pg, check)
+    drop_row_checks(pg)
     pid = worker_pid(pg)
     json_type = "application/json"
     bad = {

@@ -268,7 +268,7 @@ def test_database_owner_cannot_change_the_extensions_objects(owned_relay):
         "CREATE FUNCTION outbox.lane_of(text) RETURNS smallint LANGUAGE sql AS 'SELECT 0::smallint'",
         "ALTER TABLE public.events SET SCHEMA outbox",
         "ALTER TABLE outbox.events ADD COLUMN x int",
-        "ALTER TABLE outbox.events DROP CONSTRAINT events_topic_check",
+        "ALTER TABLE outbox.events DROP CONSTRAINT events_row_check",
         "ALTER TABLE outbox.events ENABLE ROW LEVEL SECURITY",
         "ALTER TABLE outbox.events OWNER TO mallory",
         "CREATE TRIGGER t BEFORE UPDATE ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.f()",
