@@ -314,9 +314,9 @@ ALTER TABLE outbox.events
 -- Validating it scans the table once: a row written by hand that breaks a rule makes the update
 -- fail with the rule's name, and nothing changes (README "Upgrading").
 ALTER TABLE outbox.events
-	DROP CONSTRAINT events_status_check,
-	DROP CONSTRAINT events_lane_check,
-	DROP CONSTRAINT events_published_check,
+	DROP CONSTRAINT IF EXISTS events_status_check,
+	DROP CONSTRAINT IF EXISTS events_lane_check,
+	DROP CONSTRAINT IF EXISTS events_published_check,
 	ADD CONSTRAINT events_row_check
 		CHECK (outbox.events_row_check(status, lane, key, event_id, topic, headers, payload IS NOT NULL, attempts,
 		                               created_at, next_attempt_at, claimed_at, published_at, kafka_partition,

@@ -7,6 +7,11 @@
 // cost a one-row INSERT, enqueue's, several times the row itself (bench/RESULTS.md). A broken
 // rule raises check_violation with the name each rule had as a constraint of its own, checked in
 // the order PostgreSQL applied those (by name), so the error a row gets is the one it got.
+//
+// The rules live in this library, not in the catalog: PostgreSQL does not validate existing rows
+// again when the library changes. A release that makes a rule stricter must ship an update
+// script that drops and adds events_row_check again (validating every row), or a pending row that
+// no longer passes would fail the relay's record after Kafka has acked it.
 #include "boundary.hpp"
 #include "cloudevents.hpp"
 #include "kafka_names.hpp"

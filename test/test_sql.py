@@ -81,3 +81,15 @@ def test_boundary_turns_errors_into_sql_errors_and_session_survives(sql_cluster)
             with pytest.raises(psycopg.Error):
                 c.execute(bad)
         assert c.execute("SELECT outbox.event_id('a', 'b') IS NOT NULL").fetchone()[0]
+
+
+def test_pgxn_meta_names_the_version_the_control_file_installs():
+    """META.json (PGXN) and outbox.control must agree, or PGXN ships a version it does not describe."""
+    import json
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[1]
+    control = re.search(r"^default_version\s*=\s*'([^']+)'", (root / "outbox.control").read_text(), re.M).group(1)
+    meta = json.loads((root / "META.json").read_text())
+    assert meta["version"] == control
+    assert meta["provides"]["outbox"]["version"] == control
