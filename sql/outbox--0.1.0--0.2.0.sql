@@ -160,7 +160,6 @@ BEGIN
 	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', relay_role);
 	EXECUTE format('GRANT SELECT, UPDATE, DELETE ON outbox.events TO %I', relay_role);
 	-- The row check runs on every update of a row, with the updating role's rights.
-	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.lane_of(text, uuid) TO %I', relay_role);
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.events_row_check(text, smallint, text, uuid, text, jsonb, '
 	               'boolean, integer, timestamptz, timestamptz, timestamptz, timestamptz, integer, bigint, '
 	               'integer, text, text, text) TO %I', relay_role);

@@ -70,6 +70,9 @@ INSERT INTO outbox.events (event_id, topic, key, lane, payload, published_at)
 VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', now());
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, status)
 VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', 'published');
+-- (published_at on an unknown status: the published rule comes first, by name)
+INSERT INTO outbox.events (event_id, topic, key, lane, payload, status, published_at)
+VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', 'sent', now());
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
 VALUES (gen_random_uuid(), 'billing', 'k1', outbox.lane_of('k1', NULL), '\x00', '{"a": ["x"]}');
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, claimed_at)

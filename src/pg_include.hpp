@@ -23,7 +23,7 @@ extern "C" {
 #include "access/table.h"
 #include "utils/fmgroids.h"         // F_OIDEQ
 #include "commands/extension.h"     // get_extension_oid
-#include "catalog/pg_proc.h"        // Anum_pg_proc_oid: the relay role's EXECUTE on lane_of
+#include "catalog/pg_proc.h"        // Anum_pg_proc_oid: the relay role's EXECUTE on events_row_check
 #include "catalog/pg_authid.h"      // BOOTSTRAP_SUPERUSERID
 #include "utils/acl.h"              // the relay role's rights, DROP DATABASE ownership
 #include "catalog/namespace.h"      // get_namespace_oid

@@ -3,7 +3,7 @@
 // written by hand that the relay could not publish or would misorder.
 //
 // One C function rather than a CHECK per rule: PostgreSQL builds every CHECK expression of a
-// table again for each INSERT and UPDATE statement (ExecRelCheck), so fifteen expression CHECKs
+// table again for each INSERT and UPDATE statement (ExecRelCheck), so thirteen expression CHECKs
 // cost a one-row INSERT, enqueue's, several times the row itself (bench/RESULTS.md). A broken
 // rule raises check_violation with the name each rule had as a constraint of its own, checked in
 // the order PostgreSQL applied those (by name), so the error a row gets is the one it got.

@@ -359,7 +359,7 @@ def test_relay_role_that_is_a_superuser_or_lacks_rights_is_refused(mock_cluster,
            "GRANT SELECT, UPDATE, DELETE ON outbox.events TO relay_no_row_check; "
            "GRANT EXECUTE ON FUNCTION outbox.lane_of(text, uuid) TO relay_no_row_check")
     for role, reason in (("relay_super", "has SUPERUSER"), ("relay_login", "has LOGIN"), ("relay_bare", "lacks"),
-                         ("relay_no_row_check", "outbox.events_row_check"), ("no_such_role", "does not exist")):
+                         ("relay_no_row_check", '"relay_no_row_check" lacks'), ("no_such_role", "does not exist")):
         pg.set(relay_role=role)
         wait_until(lambda: reason in (pg.workers()[0][5] or ""), 30, f"{role} refused")
         assert pg.workers()[0][2] == "misconfigured"
