@@ -118,6 +118,7 @@ OUTBOX_SQL_FUNCTION(outbox_events_row_check) {
 	text *status = Given(fcinfo, kStatus) ? PG_GETARG_TEXT_PP(kStatus) : nullptr;
 	text *key = Given(fcinfo, kKey) ? PG_GETARG_TEXT_PP(kKey) : nullptr;
 	Jsonb *headers = Given(fcinfo, kHeaders) ? PG_GETARG_JSONB_P(kHeaders) : nullptr;
+	HeaderFacts facts = headers ? ScanHeaders(headers) : HeaderFacts{};
 
 	if (Given(fcinfo, kAttempts) && (PG_GETARG_INT32(kAttempts) < 0 || PG_GETARG_INT32(kAttempts) > kMaxAttempts)) {
 		Violates("events_attempts_check", "attempts must be between 0 and 1000000.");
@@ -135,13 +136,12 @@ OUTBOX_SQL_FUNCTION(outbox_events_row_check) {
 			Violates("events_cloudevent_check",
 			         "A CloudEvent's ce_content_type, ce_type and ce_source must not be empty.");
 		}
-		if (headers && ScanHeaders(headers).envelope_name) {
+		if (facts.envelope_name) {
 			Violates("events_cloudevent_check",
 			         "A CloudEvent's headers must not name ce_* or content-type: the relay writes those itself.");
 		}
 	}
 	if (headers) {
-		HeaderFacts facts = ScanHeaders(headers);
 		if (!facts.object || !facts.string_values || facts.event_id) {
 			Violates("events_headers_check",
 			         "headers must be NULL or a JSON object of string values without an \"event_id\" key.");
