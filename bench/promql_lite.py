@@ -1,6 +1,7 @@
 """Just enough PromQL to draw docs/metrics/grafana-dashboard.json's panels from recorded scrapes
 (bench/dashboard.py): selectors with = and =~ matchers, [range], rate, changes,
-histogram_quantile, sum/min/max [by (...)], `/` between vectors and `==` against a number.
+histogram_quantile, sum/min/max [by (...)], absent, `/` between vectors and `==` / `>` against a
+number (the dashboard's panels and docs/metrics/alerts.yaml's rules).
 A query outside that subset raises, so the picture never shows something the dashboard would
 not."""
 
@@ -8,7 +9,7 @@ import math
 import re
 
 TOKEN = re.compile(r'\s*(?:(?P<num>\d+(?:\.\d+)?)|(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)|(?P<str>"(?:[^"\\]|\\.)*")'
-                   r'|(?P<op>==|=~|[(){}\[\],=/]))')
+                   r'|(?P<op>==|=~|[(){}\[\],=/>]))')
 
 
 def tokenize(text):
@@ -56,7 +57,7 @@ class Parser:
 
     def expr(self):
         left = self.term()
-        while self.peek("/") or self.peek("=="):
+        while self.peek("/") or self.peek("==") or self.peek(">"):
             op = self.take()[1]
             left = ("binop", op, left, self.term())
         return left
@@ -87,6 +88,11 @@ class Parser:
             arg = self.expr()
             self.take(")")
             return ("agg", name, by, arg)
+        if name == "absent":
+            self.take("(")
+            arg = self.expr()
+            self.take(")")
+            return ("absent", arg)
         if name in ("rate", "changes"):
             self.take("(")
             arg = self.term()
@@ -182,11 +188,20 @@ class Evaluator:
                 le = float(d.pop("le"))
                 by_rest.setdefault(tuple(sorted(d.items())), []).append((le, v))
             return {k: quantile(q, sorted(b)) for k, b in by_rest.items()}
+        if kind == "absent":
+            # 1 with the selector's equality labels when the vector is empty, else nothing.
+            _, arg = node
+            if self.at(arg, i):
+                return {}
+            labels = tuple(sorted((l, t) for l, op, t in arg[2] if op == "=")) if arg[0] == "sel" else ()
+            return {labels: 1.0}
         if kind == "binop":
             _, op, left, right = node
             a, b = self.at(left, i), self.at(right, i)
             if op == "==":
                 return {k: v for k, v in a.items() if v == b}
+            if op == ">":
+                return {k: v for k, v in a.items() if v > b}
             return {k: (v / b[k] if b[k] else math.nan) for k, v in a.items() if k in b}
         raise ValueError(kind)
 

@@ -8,7 +8,7 @@ packages=(
 	postgresql-15 postgresql-server-dev-15   # server, PGXS, pg_regress, pg_isolation_regress
 	librdkafka-dev                          # the Kafka client the relay embeds (2.0.2 on Debian 12)
 	g++ make                                # C++17 build
-	python3 python3-pytest python3-hypothesis python3-psycopg python3-confluent-kafka   # integration tests
+	python3 python3-pytest python3-hypothesis python3-psycopg python3-confluent-kafka python3-yaml   # integration tests
 	python3-pip python3-deprecation         # the CloudEvents SDK below (deprecation: its one dependency)
 	python3-matplotlib                      # the benchmark's charts (its smoke run is a test)
 	openjdk-17-jre-headless maven           # the real Kafka broker of the end-to-end tests

@@ -2,7 +2,9 @@
 harness/postgres_exporter.py) runs docs/metrics/queries.yaml against a throwaway cluster whose
 relay publishes a known workload to the mock cluster; the test scrapes /metrics over HTTP and
 checks the outbox series and their values, then that every panel of the Grafana dashboard
-(docs/metrics/grafana-dashboard.json) queries series the exporter exported."""
+(docs/metrics/grafana-dashboard.json) queries series the exporter exported, and what the
+dashboard's headline panels and the alerting rules (docs/metrics/alerts.yaml) show on a healthy
+and on a broken scrape."""
 
 import signal
 import json
@@ -12,6 +14,7 @@ import re
 import sys
 
 import pytest
+import yaml
 
 from harness.pg_cluster import PgCluster
 from harness.postgres_exporter import Exporter
@@ -20,6 +23,8 @@ from harness.wait import wait_until
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUERIES = os.path.join(ROOT, "docs", "metrics", "queries.yaml")
 DASHBOARD = os.path.join(ROOT, "docs", "metrics", "grafana-dashboard.json")
+ALERTS = os.path.join(ROOT, "docs", "metrics", "alerts.yaml")
+DATABASE = (("database", "postgres"),)
 WORKER = (("database", "postgres"), ("worker", "0"))
 BILLING = (("database", "postgres"), ("topic", "billing"))
 GOOD_EVENTS = 50
@@ -101,7 +106,15 @@ def test_postgres_exporter_scrapes_outbox_series_after_a_known_workload(mock_clu
             assert 0 < value(s, f"outbox_worker_{timing}_sum") < 60
         assert check_histogram(s, "claim_seconds", SECONDS_BOUNDS)[-1] >= 1
         assert [dict(l)["broker_state"] for n, l in s if n == "outbox_worker_status_info"] == ["up"]
-        assert ("outbox_topic_pending", BILLING) not in s  # nothing waiting: no series
+        assert ("outbox_topic_pending", BILLING) not in s  # nothing waiting: no per-topic series
+        # ... but the database's backlog series say 0, so the headline panels show 0, not "No
+        # data" (which is what a broken scrape shows), and no alert fires.
+        for name in ("pending", "failed", "oldest_pending_age_seconds"):
+            assert value(s, f"outbox_backlog_{name}", DATABASE) == 0
+        for title, expr in headline_panels():
+            healthy = 1.0 if title == "Brokers reachable" else 0.0
+            assert list(evaluate(expr, s).values()) == [[(0.0, healthy)]], (title, evaluate(expr, s))
+        assert firing(s) == set()
 
         # 2. A poison event (refused 3 times: 2 retries, then failed) and two events of its key
         #    behind it, which wait (block_key).
@@ -123,6 +136,9 @@ def test_postgres_exporter_scrapes_outbox_series_after_a_known_workload(mock_clu
         check_histogram(s, "batch_size", BATCH_BOUNDS)
         assert value(s, "outbox_topic_pending", BILLING) == 2
         assert value(s, "outbox_topic_failed", BILLING) == 1
+        assert value(s, "outbox_backlog_pending", DATABASE) == 2
+        assert value(s, "outbox_backlog_failed", DATABASE) == 1
+        assert "OutboxFailedEvents" in firing(s) and "OutboxMetricsAbsent" not in firing(s)
         age = value(s, "outbox_topic_oldest_pending_age_seconds", BILLING)
         assert 0 < age < 600
         # The gauge follows the oldest waiting event's age.
@@ -137,6 +153,33 @@ def test_postgres_exporter_scrapes_outbox_series_after_a_known_workload(mock_clu
         assert "outbox.events" not in exporter.log_text()  # no permission errors on the table
 
 
+def promql():
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import promql_lite
+    return promql_lite
+
+
+def evaluate(expr, samples):
+    """An expression over one scrape, as Prometheus would show it ({labels: value}; empty is
+    Grafana's "No data" and an alert that does not fire)."""
+    return promql().series(expr, [(0.0, samples)], {"database": ".*"}, rate_interval=60)
+
+
+def headline_panels():
+    """(title, expr) of the dashboard's stat panels, the ones an operator looks at first."""
+    with open(DASHBOARD) as f:
+        dashboard = json.load(f)
+    return [(p["title"], t["expr"]) for p in dashboard["panels"] if p["type"] == "stat" for t in p["targets"]]
+
+
+def firing(samples):
+    """Names of the alerting rules whose expression returns something on this scrape (their
+    `for:` aside)."""
+    with open(ALERTS) as f:
+        rules = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"]]
+    return {r["alert"] for r in rules if evaluate(r["expr"], samples)}
+
+
 def dashboard_queries():
     """(panel title, expr) of every query of the dashboard."""
     with open(DASHBOARD) as f:
@@ -145,7 +188,8 @@ def dashboard_queries():
 
 
 EXPECTED_PANELS = {
-    "Oldest pending event": ["outbox_topic_oldest_pending_age_seconds"],
+    "Oldest pending event": ["outbox_backlog_oldest_pending_age_seconds"],
+    "Failed events": ["outbox_backlog_failed"],
     "Events per second": ["outbox_worker_events_published_total", "outbox_worker_events_failed_total",
                           "outbox_worker_events_retried_total"],
     "Batches per second and batch size": ["outbox_worker_batches_total", "outbox_worker_batch_size_bucket"],
@@ -155,6 +199,30 @@ EXPECTED_PANELS = {
     "Broker backoff": ["outbox_worker_backoff_remaining_seconds"],
     "Worker state": ["outbox_worker_status_info"],
 }
+
+
+def test_a_broken_scrape_shows_no_data_and_fires_the_absent_alert():
+    # The exporter runs, logs in, but its role may not read the outbox (not in pg_monitor): the
+    # outbox queries fail on every scrape. The headline panels must then show "No data" (never
+    # a healthy 0), and OutboxMetricsAbsent must fire; with the right role, the same cluster's
+    # scrape is healthy.
+    with PgCluster(settings={"outbox.workers": "0"}) as pg:
+        pg.sql("CREATE ROLE outbox_scraper_without_rights LOGIN")
+        pg.sql("CREATE ROLE outbox_scraper LOGIN IN ROLE pg_monitor")
+        dsn = f"host={pg.tmp} port={pg.port} dbname=postgres sslmode=disable user="
+        with Exporter(dsn + "outbox_scraper_without_rights", QUERIES) as exporter:
+            s = wait_until(lambda: (lambda s: s if s.get(("pg_up", ())) == 1 else None)(scrape(exporter)), 30,
+                           "the exporter connected")
+            assert not [n for n, _ in s if n.startswith("outbox_")], sorted(n for n, _ in s if n.startswith("outbox_"))
+            assert "permission denied" in exporter.log_text()
+            for title, expr in headline_panels():
+                assert evaluate(expr, s) == {}, title
+            assert firing(s) == {"OutboxMetricsAbsent"}
+        with Exporter(dsn + "outbox_scraper", QUERIES) as exporter:
+            s = wait_until(lambda: (lambda s: s if ("outbox_backlog_pending", DATABASE) in s else None)(
+                scrape(exporter)), 30, "the backlog series scraped")
+            assert value(s, "outbox_backlog_oldest_pending_age_seconds", DATABASE) == 0
+            assert firing(s) == set()
 
 
 def test_grafana_dashboard_is_valid_and_has_the_expected_panels():
