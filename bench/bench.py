@@ -27,11 +27,12 @@ import psycopg  # noqa: E402
 
 import common  # noqa: E402
 import sql_floor  # noqa: E402
+import wal_cost  # noqa: E402
 from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_epoch, load, log,  # noqa: E402
                     make_dataset, median, percentile, verify, wait_drained)
 
 WORKLOADS = ["burst_4topic", "burst_1topic", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
-             "memory", "table_health"]
+             "memory", "table_health", "wal_cost"]
 # The burst-drain workloads: name -> the topics each key's events are spread over.
 BURST_TOPICS = {"burst_4topic": ["invoice", "payment", "refund", "dunning"], "burst_1topic": ["billing"]}
 BURST_SYSTEMS = ["outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
@@ -51,6 +52,7 @@ FULL = {
     "rtt_ms": 5,
     "burst_drain_events": 100_000, "burst_drain_keys": 1000,
     "burst_drain_rtts_ms": [0, 5, 20], "burst_drain_workers": [1, 2, 4],
+    "wal_events": 20_000, "wal_per_transaction": 100, "wal_keys": 1000,
 }
 QUICK = {
     "drain_events": 3000, "many_keys": 100, "hot_keys": 10,
@@ -66,6 +68,7 @@ QUICK = {
     # per relay: RTT 5 ms, one worker. --burst-events shrinks it (the smoke test does).
     "burst_drain_events": 100_000, "burst_drain_keys": 1000,
     "burst_drain_rtts_ms": [5], "burst_drain_workers": [1],
+    "wal_events": 2000, "wal_per_transaction": 100, "wal_keys": 100,
 }
 
 # The design-independent floors (sql_floor.py): system -> bench.floor_claim mode.
@@ -614,6 +617,12 @@ class Bench:
             self.results["workloads"]["idle_latency"] = out
             self.save()
         return out
+
+    def w_wal_cost(self):
+        """WAL, index writes, dead tuples and vacuum per event: outbox against the Debezium outbox
+        pattern and a plain INSERT (bench/wal_cost.py)."""
+        self.results["workloads"]["wal_cost"] = wal_cost.run(self)
+        self.save()
 
     def w_enqueue_overhead(self):
         """pgbench: a business INSERT plus outbox.enqueue() per transaction, against the same

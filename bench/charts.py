@@ -158,6 +158,41 @@ def burst_drains(results, out):
     return _save(fig, out, "burst_drain.png")
 
 
+STEP_COLORS = {"enqueue": "tab:blue", "write": "tab:blue", "publish": "tab:orange", "purge": "tab:red",
+               "vacuum": "tab:gray"}
+WAL_LABELS = {"outbox": "outbox", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
+
+
+def wal_cost(results, out):
+    """WAL bytes per event by step, per shape, for both checkpoint placements (stacked bars)."""
+    summary = results.get("summary", {}).get("wal_cost") or {}
+    if not summary:
+        return None
+    fig, axes = plt.subplots(1, len(summary), figsize=(5 * len(summary), 4.5), sharey=True, squeeze=False)
+    titles = {"shape": "checkpoint before each shape", "steps": "checkpoint before every step"}
+    for ax, (checkpoint, by_shape) in zip(axes[0], summary.items()):
+        shapes = [s for s in ("outbox", "debezium", "plain") if s in by_shape]
+        labelled = set()
+        for i, shape in enumerate(shapes):
+            bottom = 0
+            for step, value in by_shape[shape]["per_step"].items():
+                name = "write (enqueue / INSERT)" if step in ("enqueue", "write") else step
+                label = name if name not in labelled else None
+                labelled.add(name)
+                ax.bar(i, value, bottom=bottom, color=STEP_COLORS.get(step, "tab:purple"), label=label)
+                bottom += value
+            ax.text(i, bottom, f"{bottom:,.0f}", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels([WAL_LABELS[s] for s in shapes], fontsize=8)
+        ax.set_title(titles.get(checkpoint, checkpoint), fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("WAL bytes per event (median)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("What an event costs the primary in WAL", fontsize=10)
+    return _save(fig, out, "wal_cost.png")
+
+
 def draw(results, out):
     return [p for p in (throughput(results, out), latency(results, out), memory(results, out),
-                        table_health(results, out), burst(results, out), burst_drains(results, out)) if p]
+                        table_health(results, out), burst(results, out), burst_drains(results, out),
+                        wal_cost(results, out)) if p]

@@ -78,6 +78,7 @@ def summarize(results):
     th = w.get("table_health")
     if th:
         summary["table_health"] = {k: v for k, v in th.items() if k != "samples"}
+    summary["wal_cost"] = (w.get("wal_cost") or {}).get("summary")
 
     def drain_rate(system, workers=1, rt=rtt, name="drain"):
         for row in summary.get(name, []):
@@ -192,6 +193,14 @@ def summarize(results):
                "met = within 5% in every run (the bench's threshold); the chart's run: "
                f"{th['peak_total_mb_middle_third']} -> {th['peak_total_mb_last_third']} MB",
                runs=len(growths), how=f"{len(growths)} runs")
+    for checkpoint, row in (summary.get("wal_cost") or {}).items():
+        o, d = row.get("outbox"), row.get("debezium")
+        if o and d:
+            x = o["wal_bytes_per_event"] / d["wal_bytes_per_event"]
+            target(f"WAL bytes per event, end to end, vs the Debezium outbox pattern ({WAL_CHECKPOINTS[checkpoint]})",
+                   "<= 1.25x", f"{x:.2f}x ({o['wal_bytes_per_event']:.0f} vs {d['wal_bytes_per_event']:.0f} B/event)",
+                   x <= 1.25, f"with the VACUUM of the dead tuples: {o['wal_bytes_per_event_with_vacuum']:.0f} vs "
+                   f"{d['wal_bytes_per_event_with_vacuum']:.0f} B/event", runs=min(o["runs"], d["runs"]))
     # Diagnostics, not targets: the same comparisons with JIT off (see RESULTS.md).
     diag = []
     ours_nojit, _ = drain_rate("outbox_jit_off")
@@ -217,6 +226,27 @@ def summarize(results):
                             f"({fl:.0f} events/s)")
     summary["diagnostics"] = diag
     return summary, targets
+
+
+WAL_CHECKPOINTS = {"shape": "a checkpoint before each shape", "steps": "a checkpoint before every step and mid-write"}
+WAL_SHAPES = {"outbox": "outbox (enqueue, relay, purge)", "debezium": "Debezium outbox pattern (INSERT + DELETE)",
+              "plain": "plain INSERT, bigint primary key"}
+WAL_HEADERS = ["checkpoint", "shape", "runs", "WAL B/event", "per step", "+ VACUUM", "vs Debezium",
+               "FPI/event", "index inserts/event", "heap updates/event", "dead tuples/event", "autovacuums"]
+
+
+def wal_rows(s):
+    rows = []
+    for checkpoint, by_shape in (s.get("wal_cost") or {}).items():
+        for shape, r in by_shape.items():
+            rows.append([checkpoint, WAL_SHAPES.get(shape, shape), r["runs"], _fmt(r["wal_bytes_per_event"]),
+                         ", ".join(f"{k} {_fmt(v)}" for k, v in r["per_step"].items()),
+                         _fmt(r["wal_bytes_per_event_with_vacuum"]),
+                         f"{r['wal_bytes_per_event_vs_debezium']:.2f}x" if "wal_bytes_per_event_vs_debezium" in r else "",
+                         _fmt(r["fpi_per_event"], 3), _fmt(r["index_inserts_per_event"], 2),
+                         _fmt(r["heap_updates_per_event"], 2), _fmt(r["dead_tuples_per_event"], 2),
+                         _fmt(r["autovacuums"])])
+    return rows
 
 
 def _verdict(met, no):
@@ -286,6 +316,10 @@ def print_tables(results):
                     [[LABEL[r["system"]], r["runs"], _fmt(r["p50_ms"], 1), _fmt(r["p90_ms"], 1),
                       _fmt(r["p99_ms"], 1), _fmt(r["max_ms_worst"], 1), r["lost"] + r["unpublished_rows"],
                       r["duplicates"], r["order_violation_keys"]] for r in s["idle_latency"]]))
+    if s.get("wal_cost"):
+        print()
+        print("== What an event costs the primary: WAL, index writes, dead tuples (median of runs)")
+        print(table(WAL_HEADERS, wal_rows(s)))
     if s.get("enqueue_overhead"):
         print()
         print("== Enqueue overhead (pgbench tps, median of runs)")
@@ -368,6 +402,9 @@ def markdown(results):
             [[LABEL[r["system"]], r["runs"], _fmt(r["p50_ms"], 1), _fmt(r["p90_ms"], 1), _fmt(r["p99_ms"], 1),
               _fmt(r["max_ms_worst"], 1), r["lost"] + r["unpublished_rows"], r["duplicates"],
               r["order_violation_keys"]] for r in s["idle_latency"]]))
+    if s.get("wal_cost"):
+        parts.append("### What an event costs the primary (WAL, index writes, dead tuples; median)\n\n" +
+                     _md(WAL_HEADERS, wal_rows(s)))
     if s.get("enqueue_overhead"):
         parts.append("### Enqueue overhead (pgbench, tps, median)\n\n" + _md(
             ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 WORKLOADS = {"burst_4topic", "burst_1topic", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
-             "memory", "table_health"}
+             "memory", "table_health", "wal_cost"}
 BURST_SYSTEMS = {"outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"}
 
 
@@ -63,6 +63,22 @@ def test_bench_quick_smoke(tmp_path):
     assert workloads["enqueue_overhead"]["summary"]
     assert workloads["memory"]["memory"]["samples"] > 0 and workloads["memory"]["runs"]
     assert workloads["table_health"]["samples"]
+    # The WAL cost: every shape under both checkpoint placements, each step's WAL counted, the
+    # outbox's events all published and purged (the workload waits for both), the Debezium
+    # pattern's table left with one dead tuple per event and the plain INSERT's with none.
+    wal = workloads["wal_cost"]
+    assert {(r["shape"], r["checkpoint"]) for r in wal["runs"]} == {
+        (s, c) for s in ("outbox", "debezium", "plain") for c in ("shape", "steps")}, wal["runs"]
+    for r in wal["runs"]:
+        steps = {"outbox": {"enqueue", "publish", "purge", "vacuum"}}.get(r["shape"], {"write", "vacuum"})
+        assert set(r["steps"]) == steps and all(st["wal_bytes"] > 0 for st in r["steps"].values()), r
+        assert r["index_inserts_per_event"] >= 1, r
+        if r["shape"] == "outbox":
+            assert r["deletes"] == r["events"], r
+        else:
+            assert r["dead_tuples_per_event"] == (1.0 if r["shape"] == "debezium" else 0.0), r
+    assert results["summary"]["wal_cost"]["shape"]["outbox"]["wal_bytes_per_event_vs_debezium"] > 0
     assert {t["target"] for t in results["targets"]}
-    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png", "burst_drain.png"):
+    for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png", "burst_drain.png",
+                  "wal_cost.png"):
         assert (out / chart).stat().st_size > 0, chart
