@@ -92,13 +92,17 @@ class WalMeter:
         return out
 
     def kinds(self, start, end):
-        """{rmgr/record: [count, record bytes, fpi bytes]}; empty if pg_waldump cannot read the
-        range (its segments recycled)."""
+        """{rmgr/record: [count, record bytes, fpi bytes]} (run() keeps the segments: wal_keep_size)."""
         if start == end:
             return {}
-        self.db.sql("SELECT pg_current_wal_flush_lsn()")  # (the range ends at a commit: flushed)
+        # pg_waldump reads the files: the range's last records may still be in WAL buffers
+        # (asynchronous ones, e.g. a hint's): the WAL writer flushes them within moments.
+        common.wait_until(lambda: self.db.value("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", (end,)), 30,
+                          f"WAL flushed to {end}")
         p = subprocess.run(["pg_waldump", "-p", f"{self.db.pg.datadir}/pg_wal", "-s", start, "-e", end,
                             "--stats=record"], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"pg_waldump {start}..{end}: {p.stderr.strip()[-500:]}")
         kinds = {}
         for line in p.stdout.splitlines():
             m = WALDUMP_LINE.match(line.strip())
@@ -192,7 +196,11 @@ def one_run(bench, shape, checkpoint, run):
         step("publish", publish)
         if checkpoint == "steps":
             db.sql("CHECKPOINT")
-        step("purge", lambda: db.sql("SELECT outbox.purge('0 s')"))
+        def purge():
+            # outbox.purge deletes at most batch_size rows a call (10,000): call until done.
+            while db.value("SELECT outbox.purge('0 s')"):
+                pass
+        step("purge", purge)
         settled = stats_settled(db, table, "del", before["del"] + n)
     else:
         settled = stats_settled(db, table, "ins", before["ins"] + n)
@@ -269,6 +277,18 @@ def summarize(runs):
 
 
 def run(bench):
+    # A checkpoint recycles the WAL segments before it: keep them for pg_waldump's counts (how
+    # long segments stay changes nothing of what is written).
+    bench.db.sql("ALTER SYSTEM SET wal_keep_size = '4GB'")
+    bench.db.sql("SELECT pg_reload_conf()")
+    try:
+        return run_all(bench)
+    finally:
+        bench.db.sql("ALTER SYSTEM RESET wal_keep_size")
+        bench.db.sql("SELECT pg_reload_conf()")
+
+
+def run_all(bench):
     runs = []
     for r in range(bench.runs):
         for checkpoint in CHECKPOINTS:
