@@ -181,8 +181,8 @@ def test_queue_moved_to_another_cluster_keeps_each_keys_order(pg, renumbered):
         assert target.value("SELECT pg_current_wal_insert_lsn() < min(order_lsn) FROM outbox.events"), \
             "precondition: the target's WAL is behind the restored stamps"
         if renumbered:
-            with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
-                assert RENUMBER_COPIED_QUEUE in f.read(), "the README's renumbering step changed"
+            with open(os.path.join(os.path.dirname(__file__), "..", "docs", "upgrading.md")) as f:
+                assert RENUMBER_COPIED_QUEUE in f.read(), "docs/upgrading.md's renumbering step changed"
             target.sql(RENUMBER_COPIED_QUEUE)
         target.sql("SELECT outbox.enqueue('billing', 'order-1', 'new'::text)")
         target.sql("SELECT outbox.enqueue('billing', 'order-2', 'new-behind-failed'::text)")
