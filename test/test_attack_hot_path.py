@@ -140,7 +140,7 @@ def test_claim_does_not_walk_a_blocked_keys_backlog(pg):
 
 # --- order_lsn is a WAL position of ONE cluster: a restored queue sorts after new events ------------
 
-# README "Upgrading", verbatim: the step that renumbers a copied queue's stamps.
+# docs/upgrading.md, verbatim: the step that renumbers a copied queue's stamps.
 RENUMBER_COPIED_QUEUE = """UPDATE outbox.events e SET order_lsn = '0/1'::pg_lsn + r.n
 FROM (SELECT id, row_number() OVER (ORDER BY order_lsn, id)::numeric AS n
       FROM outbox.events WHERE status <> 'published') r
