@@ -149,7 +149,7 @@ WHERE e.id = r.id;"""
 
 @pytest.mark.parametrize("renumbered", [
     pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=(
-        "known gap (README Upgrading): order_lsn stamps are WAL positions of the cluster that wrote "
+        "known gap (docs/upgrading.md): order_lsn stamps are WAL positions of the cluster that wrote "
         "them; a queue copied elsewhere needs the renumbering step"))),
     True])
 def test_queue_moved_to_another_cluster_keeps_each_keys_order(pg, renumbered):
