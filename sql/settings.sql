@@ -32,3 +32,10 @@ SELECT item FROM pg_db_role_setting, unnest(setconfig) AS item
 WHERE setrole = 0 AND setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND item LIKE 'outbox.%';
 DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET outbox.workers', current_database()); END $$;
+
+-- The defaults agree with PostgreSQL's: the launcher and outbox.max_workers fit in the built-in
+-- max_worker_processes with room left for parallel query and other background workers.
+SELECT b.boot_val::int AS default_max_workers, p.boot_val::int AS default_max_worker_processes,
+       b.boot_val::int + 1 < p.boot_val::int AS default_budget_fits_with_room
+FROM pg_settings b, pg_settings p
+WHERE b.name = 'outbox.max_workers' AND p.name = 'max_worker_processes';

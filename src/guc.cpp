@@ -143,7 +143,9 @@ DefineSettings() {
 	DefineCustomIntVariable("outbox.max_workers", "Relay workers the whole cluster may run (0: no relay).",
 	                        "Each is a background worker: max_worker_processes must leave room for them and the "
 	                        "launcher. A database whose workers do not fit gets none (state 'no worker slot').",
-	                        &settings.max_workers, 16, 0, kMaxSlots, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
+	                        // 4: with the launcher, 5 of PostgreSQL's default 8 background workers, leaving
+	                        // 3 for parallel query, logical replication and other extensions.
+	                        &settings.max_workers, 4, 0, kMaxSlots, PGC_POSTMASTER, 0, nullptr, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.launcher_naptime",
 	                        "How often the launcher looks for new databases and new CREATE EXTENSION outbox.",
 	                        "A backstop: CREATE EXTENSION, CREATE/DROP DATABASE and ALTER DATABASE wake it at once.",

@@ -681,6 +681,18 @@ RegisterLauncher() {
 	if (settings.max_workers == 0) {
 		return;
 	}
+	// Said at start, not at the first database that does not fit: the budget and PostgreSQL's
+	// own limit are set in the same file, by someone who may not know the launcher takes one.
+	if (settings.max_workers + 1 > max_worker_processes) {
+		ereport(WARNING,
+		        (errmsg("outbox.max_workers = %d and the launcher need %d background workers, more than "
+		                "max_worker_processes = %d",
+		                settings.max_workers, settings.max_workers + 1, max_worker_processes),
+		         errhint("Raise max_worker_processes to at least %d plus what parallel query, logical replication "
+		                 "and other extensions use, or lower outbox.max_workers; databases whose workers do not "
+		                 "fit get none (state 'no worker slot').",
+		                 settings.max_workers + 1)));
+	}
 	BackgroundWorker worker;
 	memset(&worker, 0, sizeof(worker));
 	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;

@@ -262,7 +262,7 @@ RelayRole(Oid nsp, Oid rel) {
 	if (!ok) {
 		step_problem = psprintf("outbox.relay_role \"%s\" lacks USAGE on schema outbox, SELECT, UPDATE and DELETE on "
 		                        "outbox.events or EXECUTE on outbox.events_row_check (ALTER EXTENSION outbox UPDATE grants "
-		                        "them to outbox_relay; README \"Privileges\")",
+		                        "them to outbox_relay; docs/privileges.md)",
 		                        name);
 		return InvalidOid;
 	}

@@ -25,7 +25,7 @@ Violates(const char *rule, const char *detail) {
 	ereport(ERROR, (errcode(ERRCODE_CHECK_VIOLATION),
 	                errmsg("new row for relation \"events\" violates check constraint \"%s\"", rule),
 	                errdetail("%s", detail),
-	                errhint("outbox.enqueue() writes only rows that pass; README \"The table\" lists the rules for rows "
+	                errhint("outbox.enqueue() writes only rows that pass; docs/sql-api.md \"The table\" lists the rules for rows "
 	                        "written by hand."),
 	                err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
 	                err_generic_string(PG_DIAG_TABLE_NAME, "events"),

@@ -140,7 +140,7 @@ def test_claim_does_not_walk_a_blocked_keys_backlog(pg):
 
 # --- order_lsn is a WAL position of ONE cluster: a restored queue sorts after new events ------------
 
-# README "Upgrading", verbatim: the step that renumbers a copied queue's stamps.
+# docs/upgrading.md, verbatim: the step that renumbers a copied queue's stamps.
 RENUMBER_COPIED_QUEUE = """UPDATE outbox.events e SET order_lsn = '0/1'::pg_lsn + r.n
 FROM (SELECT id, row_number() OVER (ORDER BY order_lsn, id)::numeric AS n
       FROM outbox.events WHERE status <> 'published') r
@@ -149,7 +149,7 @@ WHERE e.id = r.id;"""
 
 @pytest.mark.parametrize("renumbered", [
     pytest.param(False, marks=pytest.mark.xfail(strict=True, reason=(
-        "known gap (README Upgrading): order_lsn stamps are WAL positions of the cluster that wrote "
+        "known gap (docs/upgrading.md): order_lsn stamps are WAL positions of the cluster that wrote "
         "them; a queue copied elsewhere needs the renumbering step"))),
     True])
 def test_queue_moved_to_another_cluster_keeps_each_keys_order(pg, renumbered):
@@ -181,8 +181,8 @@ def test_queue_moved_to_another_cluster_keeps_each_keys_order(pg, renumbered):
         assert target.value("SELECT pg_current_wal_insert_lsn() < min(order_lsn) FROM outbox.events"), \
             "precondition: the target's WAL is behind the restored stamps"
         if renumbered:
-            with open(os.path.join(os.path.dirname(__file__), "..", "README.md")) as f:
-                assert RENUMBER_COPIED_QUEUE in f.read(), "the README's renumbering step changed"
+            with open(os.path.join(os.path.dirname(__file__), "..", "docs", "upgrading.md")) as f:
+                assert RENUMBER_COPIED_QUEUE in f.read(), "docs/upgrading.md's renumbering step changed"
             target.sql(RENUMBER_COPIED_QUEUE)
         target.sql("SELECT outbox.enqueue('billing', 'order-1', 'new'::text)")
         target.sql("SELECT outbox.enqueue('billing', 'order-2', 'new-behind-failed'::text)")

@@ -148,7 +148,7 @@ def create_login(pg, role, attributes=""):
 
 
 def grant_readme_app_rights(pg, role):
-    """README "Privileges", the application role, verbatim."""
+    """docs/privileges.md, the application role, verbatim."""
     query(pg, f"""
         GRANT USAGE ON SCHEMA outbox TO {role};
         GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, text, text, boolean, text, text),

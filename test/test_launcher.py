@@ -271,6 +271,16 @@ def test_max_worker_processes_used_up_is_shown(mock_cluster):
         assert "max_worker_processes (3) is used up" in pg.log()
 
 
+def test_a_budget_that_max_worker_processes_cannot_hold_is_said_at_start(mock_cluster):
+    with cluster(mock_cluster, max_worker_processes="3", **{"outbox.max_workers": "3"}) as pg:
+        warning = ("WARNING:  outbox.max_workers = 3 and the launcher need 4 background workers, "
+                   "more than max_worker_processes = 3")
+        assert warning in pg.log()
+        assert "HINT:  Raise max_worker_processes to at least 4 plus what parallel query" in pg.log()
+    with cluster(mock_cluster, max_worker_processes="4", **{"outbox.max_workers": "3"}) as pg:
+        assert "the launcher need" not in pg.log()
+
+
 def test_outbox_database_still_relays_that_database_only_and_says_it_is_deprecated(mock_cluster):
     with cluster(mock_cluster, **{"outbox.database": "'db_a'"}) as pg:
         add_database(pg, mock_cluster, "db_a")
