@@ -31,10 +31,15 @@ import wal_cost  # noqa: E402
 from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_epoch, load, log,  # noqa: E402
                     make_dataset, median, percentile, verify, wait_drained)
 
-WORKLOADS = ["burst_4topic", "burst_1topic", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
+WORKLOADS = ["burst_4topic", "burst_1topic", "burst_4topic_3x6", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
              "memory", "table_health", "wal_cost"]
 # The burst-drain workloads: name -> the topics each key's events are spread over.
-BURST_TOPICS = {"burst_4topic": ["invoice", "payment", "refund", "dunning"], "burst_1topic": ["billing"]}
+BURST_TOPICS = {"burst_4topic": ["invoice", "payment", "refund", "dunning"], "burst_1topic": ["billing"],
+                "burst_4topic_3x6": ["invoice", "payment", "refund", "dunning"]}
+# Per burst workload: (partitions per topic, data set, keys); the default shape is 12 partitions
+# per topic over the mock's 3 brokers. burst_4topic_3x6: 3 brokers x 6 partitions per topic and
+# 1,024 keys, a shape the relay is not tuned on.
+BURST_SHAPES = {"burst_4topic_3x6": (6, "ds_burst_1024", 1024)}
 BURST_SYSTEMS = ["outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
 
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
@@ -166,7 +171,7 @@ class Bench:
 
     # -- one drain --------------------------------------------------------------------------
     def drain(self, system, workers, rtt, dataset, n, label, window=None, rss=False, tail=False, topics=None,
-              analyze=True):
+              analyze=True, partitions=common.PARTITIONS):
         """Loads n events of `dataset` as one committed backlog (the relay is running and idle)
         and lets `system` drain it, all of it, or for at most `window` seconds when a full drain
         may not fit the time budget (the rate is then over what was published in the window,
@@ -179,10 +184,11 @@ class Bench:
         seen_drained = None
         self.prepare(system, workers, rtt)
         if topics:
-            topic = [self.mock.new_topic(f"{label}-{t}") for t in topics]
+            topic = [self.mock.new_topic(f"{label}-{t}", partitions) for t in topics]
         else:
-            topic = self.mock.new_topic(label)
+            topic = self.mock.new_topic(label, partitions)
         res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
+               "partitions": partitions,
                "window_s": window, "tailing_reader": tail, "topics": len(topics or [topic]), "analyze": analyze}
         analyzed = self.analyze_count()
         if system == "tuned":
@@ -339,6 +345,9 @@ class Bench:
     def w_burst_1topic(self):
         return self.burst_drain("burst_1topic")
 
+    def w_burst_4topic_3x6(self):
+        return self.burst_drain("burst_4topic_3x6")
+
     def burst_drain(self, name):
         """A burst of burst_drain_events events over burst_drain_keys keys committed in ONE
         transaction with every relay running and idle, drained at once, WITHOUT ANALYZE: the load
@@ -350,6 +359,7 @@ class Bench:
         s = self.sizes
         db = self.db
         topics = BURST_TOPICS[name]
+        partitions, dataset, _ = BURST_SHAPES.get(name, (common.PARTITIONS, "ds_burst", s["burst_drain_keys"]))
         out = []
         cells = []
         for r in range(self.runs):
@@ -367,8 +377,8 @@ class Bench:
                 label = f"{name.replace('_', '-')}-{system.replace('_', '-')}-w{w}-rtt{rt}-r{r}"
                 # Statistics an earlier workload's ANALYZE left (TRUNCATE keeps them).
                 db.sql("DELETE FROM pg_statistic WHERE starelid = 'outbox.events'::regclass")
-                res = self.cell(label, lambda: self.drain(system, w, rt, "ds_burst", s["burst_drain_events"], label,
-                                                          topics=topics, analyze=False))
+                res = self.cell(label, lambda: self.drain(system, w, rt, dataset, s["burst_drain_events"], label,
+                                                          topics=topics, analyze=False, partitions=partitions))
                 if res is None:
                     continue
                 res["run"] = r
@@ -857,9 +867,13 @@ class Bench:
             if set(selected) & {"drain", "memory", "burst", "idle_latency"}:
                 log(f"data set: {s['drain_events']} events over {s['many_keys']} keys")
                 make_dataset(self.db, "ds_many", s["drain_events"], s["many_keys"])
-            if set(selected) & set(BURST_TOPICS):
+            if set(selected) & (set(BURST_TOPICS) - set(BURST_SHAPES)):
                 log(f"data set: {s['burst_drain_events']} events over {s['burst_drain_keys']} keys")
                 make_dataset(self.db, "ds_burst", s["burst_drain_events"], s["burst_drain_keys"])
+            for name in set(selected) & set(BURST_SHAPES):
+                _, dataset, keys = BURST_SHAPES[name]
+                log(f"data set: {s['burst_drain_events']} events over {keys} keys")
+                make_dataset(self.db, dataset, s["burst_drain_events"], keys)
             if "hot_keys" in selected:
                 log(f"data set: {s['drain_events']} events over {s['hot_keys']} keys")
                 make_dataset(self.db, "ds_hot", s["drain_events"], s["hot_keys"])

@@ -39,7 +39,7 @@ from harness.wait import wait_until  # noqa: E402
 
 import sql_floor  # noqa: E402
 
-PARTITIONS = 12  # per topic, over the mock's 3 brokers
+PARTITIONS = 12  # per topic, over the mock's 3 brokers (a workload may ask for another count)
 PYTHON = "/usr/bin/python3"
 
 
@@ -257,10 +257,10 @@ class Mock:
             self.mc.rtt("all", ms)
             self.rtt_ms = ms
 
-    def new_topic(self, prefix):
+    def new_topic(self, prefix, partitions=PARTITIONS):
         self.topics += 1
         name = f"{prefix}-{self.topics}"
-        self.mc.create_topic(name, PARTITIONS)
+        self.mc.create_topic(name, partitions)
         return name
 
     def sockets(self):
@@ -304,7 +304,10 @@ class TopicReader(threading.Thread):
                              "auto.offset.reset": "earliest",
                              "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
         try:
-            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.topics for p in range(PARTITIONS)])
+            # Each topic's own partition count, from the cluster (workloads differ).
+            meta = consumer.list_topics(timeout=10).topics
+            partitions = {t: sorted(meta[t].partitions) if t in meta else list(range(PARTITIONS)) for t in self.topics}
+            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.topics for p in partitions[t]])
             quiet_since = None
             while True:
                 msgs = consumer.consume(50000, timeout=0.2)
@@ -338,7 +341,7 @@ class TopicReader(threading.Thread):
             for topic, part, off, _, _ in self.records:
                 seen[topic, part] = seen.get((topic, part), 0) + 1
             for t in self.topics:
-                for p in range(PARTITIONS):
+                for p in partitions[t]:
                     lo, hi = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
                     if lo > 0:
                         self.dropped_by_mock += max(0, hi - seen.get((t, p), 0))

@@ -9,7 +9,8 @@ LABEL = {"outbox": "outbox", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
          "floor_update2": "SQL floor: claim + 2 UPDATEs", "outbox_jit_off": "outbox, jit=off (diag.)"}
 ORDER = list(LABEL)  # table rows: relays in LABEL's order
 # The burst-drain workloads (bench.py BURST_TOPICS) and their titles.
-BURSTS = {"burst_4topic": "Burst, 4 topics, no ANALYZE", "burst_1topic": "Burst, 1 topic, no ANALYZE"}
+BURSTS = {"burst_4topic": "Burst, 4 topics, no ANALYZE", "burst_1topic": "Burst, 1 topic, no ANALYZE",
+          "burst_4topic_3x6": "Burst, 4 topics on 3 brokers x 6 partitions, 1,024 keys, no ANALYZE"}
 DRAINS = {**BURSTS, "drain": "Backlog drain (ANALYZEd)", "hot_keys": "Hot keys (ANALYZEd)"}
 
 
