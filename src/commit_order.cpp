@@ -47,20 +47,90 @@ EventsRelation() {
 // instead of one lock per key: a committer then holds at most this many of our locks besides its
 // own, half of the average share of the shared lock table that max_locks_per_transaction sizes
 // (64 -> 32 keys), so a transaction enqueueing for 100,000 keys cannot exhaust the table for
-// everyone. The price: that commit waits for, and holds up, every other enqueuing commit.
+// everyone. The price: that commit waits for, and holds up, every other enqueuing commit while it
+// stamps; and it cannot be prepared (its lock would stay until COMMIT PREPARED).
 Size
 KeyLockLimit() {
 	return Size(Max(1, max_locks_per_xact / 2));
 }
 
 void
+SetTag(LOCKTAG *tag, uint32 field2, uint32 field3, uint16 lock_class) {
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, field2, field3, lock_class);
+}
+
+void
 Lock(uint32 field2, uint32 field3, uint16 lock_class, LOCKMODE mode) {
 	LOCKTAG tag;
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, field2, field3, lock_class);
+	SetTag(&tag, field2, field3, lock_class);
 	// Transaction-level: released by PostgreSQL once the commit is visible (ProcArrayEndTransaction
 	// runs before the locks go), for a prepared transaction at COMMIT/ROLLBACK PREPARED. A wait
 	// serves cancel, lock_timeout and the deadlock check like any lock wait.
 	(void)LockAcquire(&tag, mode, false, false);
+}
+
+void
+Unlock(uint32 field2, uint32 field3, uint16 lock_class, LOCKMODE mode) {
+	LOCKTAG tag;
+	SetTag(&tag, field2, field3, lock_class);
+	(void)LockRelease(&tag, mode, false);
+}
+
+void
+LockKey(uint64 key_hash) {
+	Lock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
+}
+
+// A prepared transaction gives its Share lock back at the end of its pre-prepare (below): held
+// until COMMIT PREPARED, it would hold up every committer of many keys, and with it every
+// committer queued behind that one's Exclusive request. So under the Exclusive lock a key lock
+// may still be held, by a prepared transaction (or by a committer whose commit is visible and
+// that is releasing its locks). The committer of many keys looks at each of its keys without
+// waiting; at a busy one it gives the global lock back, waits for that key alone (holding up
+// nobody else), and starts again. The keys' locks are never kept: it holds at most two of ours.
+void
+LockGlobalExclusive(const NotedRow *rows, Size count) {
+	for (;;) {
+		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
+		if (max_prepared_xacts == 0) {
+			return; // no prepared transaction: every holder of a key lock holds the Share lock too
+		}
+		const NotedRow *busy = nullptr;
+		for (Size i = 0; i < count && busy == nullptr; i++) {
+			if (i > 0 && rows[i].key_hash == rows[i - 1].key_hash) {
+				continue;
+			}
+			LOCKTAG tag;
+			SetTag(&tag, uint32(rows[i].key_hash >> 32), uint32(rows[i].key_hash), kKeyLockClass);
+			if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL) {
+				busy = &rows[i];
+			} else {
+				(void)LockRelease(&tag, ExclusiveLock, false);
+			}
+		}
+		if (busy == nullptr) {
+			return;
+		}
+		Unlock(0, 0, kGlobalLockClass, ExclusiveLock);
+		LockKey(busy->key_hash);
+		Unlock(uint32(busy->key_hash >> 32), uint32(busy->key_hash), kKeyLockClass, ExclusiveLock);
+	}
+}
+
+// Writes no-op WAL until the insert position is above `stamp`. Every stamp this transaction
+// keeps must lie below its commit (or PREPARE) record: after a restart or on a promoted standby
+// that has the commit, the WAL position, and so every stamp given from then on, is above it. A
+// re-stamp's rank counts the rows enqueue noted, also those deleted since (no UPDATE record for
+// them): this pads by at most one byte for each such row.
+void
+WriteWalPast(XLogRecPtr stamp) {
+	static char padding[8192];
+	for (XLogRecPtr at = GetXLogInsertRecPtr(); at <= stamp; at = GetXLogInsertRecPtr()) {
+		uint64 missing = stamp - at + 1;
+		XLogBeginInsert();
+		XLogRegisterData(padding, uint32(Min(missing, uint64(sizeof(padding)))));
+		(void)XLogInsert(RM_XLOG_ID, XLOG_NOOP);
+	}
 }
 
 int
@@ -155,7 +225,7 @@ WriteStamps(Oid events, Size count) {
 
 // Pre-commit (and pre-prepare): every subtransaction has ended, all user code has run.
 void
-StampInCommitOrder() {
+StampInCommitOrder(bool preparing) {
 	if (noted_count == 0) {
 		return;
 	}
@@ -172,21 +242,30 @@ StampInCommitOrder() {
 	// Locks in one order (the global one, then keys by hash), taken after all user code: no
 	// deadlock between committers, none with the caller's own locks (README "Commit order").
 	bool global_exclusive = keys > KeyLockLimit();
-	Lock(0, 0, kGlobalLockClass, global_exclusive ? ExclusiveLock : ShareLock);
-	if (!global_exclusive) {
+	if (global_exclusive && preparing) {
+		// Its Exclusive lock would be held until COMMIT PREPARED, and stop every enqueuing commit
+		// of the database; giving it back at PREPARE would let a key's later committer go first.
+		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+		                errmsg("cannot PREPARE a transaction that enqueued events for more than %zu keys", KeyLockLimit()),
+		                errdetail("It enqueued events for %zu distinct (topic, key) pairs; until COMMIT PREPARED its "
+		                          "commit-order lock would hold up every enqueuing commit of the database.", keys),
+		                errhint("Commit it without PREPARE TRANSACTION, or split it into transactions of at most %zu "
+		                        "keys (max_locks_per_transaction / 2).", KeyLockLimit())));
+	}
+	if (global_exclusive) {
+		LockGlobalExclusive(noted, noted_count);
+	} else {
+		Lock(0, 0, kGlobalLockClass, ShareLock);
 		for (Size i = 0; i < noted_count; i++) {
 			if (i == 0 || noted[i].key_hash != noted[i - 1].key_hash) {
-				Lock(uint32(noted[i].key_hash >> 32), uint32(noted[i].key_hash), kKeyLockClass, ExclusiveLock);
+				LockKey(noted[i].key_hash);
 			}
 		}
 	}
 
 	// Under the locks, every earlier committer of a key has raised its stripe to its highest
 	// stamp. A key whose lowest stamp here is not above the stripe gets new stamps above both the
-	// stripe and the WAL insert position (read after the stripes), in the rows' own order. Each
-	// new stamp is at most base + rank, and the UPDATE writes more WAL than that (a record per
-	// row), so stamps stay below this transaction's commit record: after a restart (stripes 0
-	// again) the WAL position, and with it every new stamp, is above every committed stamp.
+	// stripe and the WAL insert position (read after the stripes), in the rows' own order.
 	Size restamps = 0;
 	for (Size start = 0, end; start < noted_count; start = end) {
 		for (end = start + 1; end < noted_count && noted[end].key_hash == noted[start].key_hash; end++) {
@@ -214,10 +293,21 @@ StampInCommitOrder() {
 		WriteStamps(events, restamps);
 	}
 	// Sorted by stamp within a key (new stamps keep that order): the last row has the highest.
+	// The WAL goes past the highest stamp before any stripe shows it (DESIGN.md "Commit order").
+	XLogRecPtr highest = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		highest = Max(highest, noted[i].order_lsn);
+	}
+	WriteWalPast(highest);
 	for (Size i = 0; i < noted_count; i++) {
 		if (i + 1 == noted_count || noted[i + 1].key_hash != noted[i].key_hash) {
 			RaiseStripe(noted[i].key_hash, noted[i].order_lsn);
 		}
+	}
+	if (preparing) {
+		// The key locks stay until COMMIT PREPARED; the Share lock only kept a committer of many
+		// keys out while this one took its keys and stamped (LockGlobalExclusive waits for the keys).
+		Unlock(0, 0, kGlobalLockClass, ShareLock);
 	}
 }
 
@@ -232,8 +322,10 @@ void
 OnTransactionEvent(XactEvent event, void *) {
 	switch (event) {
 	case XACT_EVENT_PRE_COMMIT:
+		StampInCommitOrder(false);
+		break;
 	case XACT_EVENT_PRE_PREPARE:
-		StampInCommitOrder();
+		StampInCommitOrder(true);
 		break;
 	case XACT_EVENT_COMMIT:
 	case XACT_EVENT_PARALLEL_COMMIT:

@@ -10,9 +10,12 @@ extern "C" {
 #include "postgres.h"
 
 #include "access/transam.h"         // FirstNormalObjectId
+#include "access/twophase.h"        // max_prepared_xacts: commit order's global lock
 #include "access/xact.h"            // StartTransactionCommand, RegisterXactCallback
 #include "access/xlog.h"            // XLogFlush, GetXLogInsertRecPtr: durability, commit-order stamps
 #include "access/xlog_internal.h"   // XLogSegmentOffset, page header sizes: the end of the inserted WAL
+#include "access/xloginsert.h"      // XLogInsert: commit order's WAL past its stamps
+#include "catalog/pg_control.h"     // XLOG_NOOP
 #include "catalog/dependency.h"     // getExtensionOfObject: the relay's objects are the extension's
 #include "catalog/pg_class.h"       // RELKIND_RELATION
 #include "catalog/pg_database.h"    // DatabaseRelationId (16+: object_ownercheck)

@@ -58,6 +58,15 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
+def standbys():
+    """A list a test appends the standbys it makes to (PgCluster.make_standby): cleaned up after it."""
+    made = []
+    yield made
+    for pg in made:
+        pg.cleanup()
+
+
+@pytest.fixture
 def unique_topic():
     return "t-" + uuid.uuid4().hex[:12]
 

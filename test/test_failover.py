@@ -38,14 +38,6 @@ def wait_waiting_for_standby(pg, event_id, text):
     return wait_until(check, 60, f"'waiting for standby' ({text}) with {event_id} pending")
 
 
-@pytest.fixture
-def standbys():
-    made = []
-    yield made
-    for pg in made:
-        pg.cleanup()
-
-
 def primary_with_standby(mock_cluster, make_relay, standbys, **outbox):
     primary = make_relay(mock_cluster.bootstrap, **{"failover_wait_timeout": "1s", **outbox})
     primary.wait_workers_running(1)

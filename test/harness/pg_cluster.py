@@ -128,8 +128,8 @@ class PgCluster:
         self.cleanup()
 
     # -- access ------------------------------------------------------------------------------
-    def connect(self, dbname=None, autocommit=True):
-        return psycopg.connect(host=self.tmp, port=self.port, user="postgres", dbname=dbname or self.database,
+    def connect(self, dbname=None, autocommit=True, user="postgres"):
+        return psycopg.connect(host=self.tmp, port=self.port, user=user, dbname=dbname or self.database,
                                autocommit=autocommit)
 
     def sql(self, query, params=None, dbname=None):
