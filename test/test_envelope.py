@@ -256,20 +256,25 @@ def test_the_java_sdk_reads_every_attribute_the_relay_writes(kafka, make_relay):
             enqueue("'env.java.events', 'sub-3', '\\x00ff10'::bytea, event_source => %s",
                     ("https://user@[::1]:8443/a%20b?x=1",)): ("env.java.events", "https://user@[::1]:8443/a%20b?x=1",
                                                             "application/octet-stream"),
-            enqueue("'env.java.events', 'sub-1', NULL::jsonb"): ("env.java.events", ODD_DATABASE_SOURCE, None),
         }
+        tombstone = enqueue("'env.java.events', 'sub-1', NULL::jsonb")
         plain = enqueue("'env.java.events', 'sub-4', '{}'::jsonb, cloudevents => false")
         c.commit()
     by_setting = with_setting.value("SELECT outbox.enqueue('env.java.setting', 'sub-5', '{\"a\": 1}'::jsonb)::text")
-    pg.wait_published(len(expected) + 1, timeout=120)
+    pg.wait_published(len(expected) + 2, timeout=120)
     with_setting.wait_published(1, timeout=120)
 
-    read = read_with_java_sdk(kafka.bootstrap, "env.java.events", len(expected) + 1)
-    refused = [r for r in read if "error" in r]
-    events = {r["id"]: r for r in read if "error" not in r}
-    # The plain record is the one the deserializer refuses.
-    plain_at = pg.sql("SELECT kafka_partition, kafka_offset FROM outbox.events WHERE event_id = %s", (plain,))[0]
-    assert [(r["partition"], r["offset"]) for r in refused] == [plain_at], refused
+    def position(event_id):
+        return pg.sql("SELECT kafka_partition, kafka_offset FROM outbox.events WHERE event_id = %s", (event_id,))[0]
+
+    read = read_with_java_sdk(kafka.bootstrap, "env.java.events", len(expected) + 2)
+    by_position = {(r["partition"], r["offset"]): r for r in read}
+    # The plain record is refused by the deserializer; a tombstone comes as a null value, no event.
+    assert set(by_position[position(plain)]) == {"partition", "offset", "error"}
+    assert by_position.pop(position(plain))["error"].startswith("io.cloudevents.rw.CloudEventRWException")
+    assert by_position.pop(position(tombstone)) == {**dict(zip(("partition", "offset"), position(tombstone))),
+                                                   "key": "sub-1", "cloudevent": None}
+    events = {r["id"]: r for r in by_position.values()}
     assert set(events) == set(expected)
     (setting_event,) = read_with_java_sdk(kafka.bootstrap, "env.java.setting", 1)
 

@@ -22,7 +22,7 @@ import org.apache.kafka.common.serialization.StringDeserializer;
  * CloudEventDeserializer, and prints one JSON object a line per record: its position, its key
  * and every attribute and extension as the SDK exposes them, or the SDK's error for a record it
  * refuses (then it seeks past that record, as an application's error handler would, so one run
- * reports them all).
+ * reports them all). A record without a value (a tombstone) prints "cloudevent": null.
  *
  * Usage: ReadCloudEvents BOOTSTRAP TOPIC COUNT TIMEOUT_MS — stops after COUNT lines or the timeout.
  */
@@ -69,6 +69,10 @@ public final class ReadCloudEvents {
         out.put("partition", r.partition());
         out.put("offset", r.offset());
         out.put("key", r.key());
+        if (ce == null) {
+            out.put("cloudevent", null); // a tombstone: the deserializer gives no event for no value
+            return json(out);
+        }
         out.put("specversion", ce.getSpecVersion().toString());
         out.put("id", ce.getId());
         out.put("source", ce.getSource().toString());
