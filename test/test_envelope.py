@@ -274,6 +274,8 @@ def test_the_java_sdk_reads_every_attribute_the_relay_writes(kafka, make_relay):
     assert by_position.pop(position(plain))["error"].startswith("io.cloudevents.rw.CloudEventRWException")
     assert by_position.pop(position(tombstone)) == {**dict(zip(("partition", "offset"), position(tombstone))),
                                                    "key": "sub-1", "cloudevent": None}
+    # No CloudEvent is refused (a ce_source java.net.URI cannot parse would be).
+    assert {at: r["error"] for at, r in by_position.items() if "error" in r} == {}
     events = {r["id"]: r for r in by_position.values()}
     assert set(events) == set(expected)
     (setting_event,) = read_with_java_sdk(kafka.bootstrap, "env.java.setting", 1)
