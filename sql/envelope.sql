@@ -44,6 +44,14 @@ SELECT outbox.enqueue('env', 'ce-bytes', '\x00ff'::bytea, cloudevents => true) I
 SELECT outbox.enqueue('env', 'ce-tomb', NULL::jsonb, cloudevents => true) IS NOT NULL AS cloudevent_tombstone;
 -- cloudevents => false on a topic that is not listed: a plain record.
 SELECT outbox.enqueue('env', 'ce-off', '{}'::jsonb, cloudevents => false) IS NOT NULL AS plain_record;
+-- Sources of every URI-reference form java.net.URI parses, and a type beyond ASCII.
+SELECT outbox.enqueue('env', 'ce-src-' || n, '{}'::jsonb, cloudevents => true, event_source => source,
+                      event_type => 'rechnung.bezahlt.ü') IS NOT NULL AS accepted, source
+FROM (VALUES (1, 'urn:billing:invoices'), (2, '/outbox/billing%20eu'), (3, 'https://user@[::1]:8443/a?x=1#f'),
+             (4, 'file:///var/outbox'), (5, '../relative/path'), (6, 'tag:example.com,2026:x'),
+             (7, 'mailto:billing@example.com')) AS s (n, source);
+-- A header named CE_ID on an event that is no CloudEvent is just a header.
+SELECT outbox.enqueue('env', 'ce-plain-header', '{}'::jsonb, '{"CE_ID": "x"}') IS NOT NULL AS plain_with_ce_header;
 SELECT key, ce_content_type, ce_type, ce_source FROM outbox.events WHERE key LIKE 'ce-%' ORDER BY id;
 
 -- Bad input: a clear error with its SQLSTATE, and nothing changes.
@@ -78,6 +86,31 @@ SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, clou
 SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => '')$$);
 SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, '{"ce_type": "x"}', cloudevents => true)$$);
 SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, '{"content-type": "text/xml"}', cloudevents => true)$$);
+-- Every attribute must be one the SDKs read (the Java SDK refuses a record whose ce_source
+-- java.net.URI cannot parse): a source that is no URI-reference, a type with a control
+-- character, a header naming an attribute in another case (SDKs lowercase header names).
+SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'not a uri')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => '/outbox/billing eu')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'https://[zz]/x')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'https://h/a[b]')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'urn:')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'http://')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => '1a:b')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => '/a%zz')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'a#b#c')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'urn:bücher')$$);
+SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_type => E'invoice\npaid')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_type => E'invoice\u0085paid')$$);
+SELECT error_code, message FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, '{"CE_ID": "x"}', cloudevents => true)$$);
+SELECT error_code, message FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, '{"Content-Type": "text/xml"}', cloudevents => true)$$);
+-- The default source setting: refused when set (the GUC machinery's 22023), nothing written.
+-- (ALTER SYSTEM cannot run inside expect_error's function: psql shows the error and its code.)
+ALTER SYSTEM SET outbox.cloudevents_source = 'not a uri';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.cloudevents_source = 'https://billing.example.com/out box';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.cloudevents_source = 'https://[zz]/outbox';
+\echo :LAST_ERROR_SQLSTATE
 -- The envelope counts toward outbox.max_payload_bytes.
 SET outbox.max_payload_bytes = 200;
 SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', repeat('x', 150), cloudevents => true)$$);

@@ -1,6 +1,7 @@
 // CloudEvents headers of a claimed event (cloudevent_headers.hpp).
 #include "cloudevent_headers.hpp"
 
+#include "cloudevent_attributes.hpp"
 #include "cloudevents.hpp"
 #include "guc.hpp"
 
@@ -19,8 +20,12 @@ DefaultSource() {
 		return settings.cloudevents_source;
 	}
 	if (derived == nullptr) {
+		// Percent-encoded: a database name may hold a space or any other character a URI cannot.
 		const char *database = get_database_name(MyDatabaseId);
-		derived = MemoryContextStrdup(TopMemoryContext, psprintf("/outbox/%s", database ? database : ""));
+		size_t len = database ? strlen(database) : 0;
+		char *encoded = static_cast<char *>(palloc(cloudevents::PercentEncodedLength(database, len) + 1));
+		cloudevents::PercentEncode(database, len, encoded);
+		derived = MemoryContextStrdup(TopMemoryContext, psprintf("/outbox/%s", encoded));
 	}
 	return derived;
 }
@@ -47,8 +52,18 @@ CloudEventProblem(const ClaimedEvent &e, const char *content_type, const char *t
 	if (content_type[0] == '\0' || (type && type[0] == '\0') || (source && source[0] == '\0')) {
 		return "quarantined: a CloudEvents attribute (ce_content_type, ce_type, ce_source) is empty";
 	}
+	if (const char *problem = source ? cloudevents::UriReferenceProblem(source, strlen(source)) : nullptr) {
+		return psprintf("quarantined: ce_source \"%s\" is not a URI-reference: %s", source, problem);
+	}
+	if (const char *problem = type ? cloudevents::StringAttributeProblem(type, strlen(type)) : nullptr) {
+		return psprintf("quarantined: ce_type is not a CloudEvents String: %s", problem);
+	}
+	if (const char *problem = cloudevents::MediaTypeProblem(content_type, strlen(content_type))) {
+		return psprintf("quarantined: ce_content_type \"%s\" is not a media type (RFC 2046): %s", content_type,
+		                problem);
+	}
 	for (int h = 0; h < e.n_headers; h++) {
-		if (cloudevents::IsEnvelopeHeader(e.headers[h].name, strlen(e.headers[h].name))) {
+		if (cloudevents::NamesEnvelopeAttribute(e.headers[h].name, strlen(e.headers[h].name))) {
 			return psprintf("quarantined: a CloudEvent's own header is named \"%s\", which the envelope writes",
 			                e.headers[h].name);
 		}

@@ -1,6 +1,7 @@
 // outbox.enqueue(): validate, insert in the caller's transaction, and wake the relay worker that
 // owns the key when (and only when) that transaction commits.
 #include "boundary.hpp"
+#include "cloudevent_attributes.hpp"
 #include "cloudevents.hpp"
 #include "commit_order.hpp"
 #include "guc.hpp"
@@ -135,7 +136,8 @@ ValidateHeaders(Jsonb *headers, int64 *bytes, HeaderFacts *facts) {
 			trace_field = NameIs(v, outbox::kTraceparentHeader) ? 1 : NameIs(v, outbox::kTracestateHeader) ? 2 : 0;
 			facts->traceparent |= trace_field == 1;
 			facts->tracestate |= trace_field == 2;
-			facts->envelope_header |= outbox::cloudevents::IsEnvelopeHeader(v.val.string.val, size_t(v.val.string.len));
+			facts->envelope_header |=
+			    outbox::cloudevents::NamesEnvelopeAttribute(v.val.string.val, size_t(v.val.string.len));
 			int ignored;
 			Utf8Of("a header name", v.val.string.val, v.val.string.len, &ignored);
 			// A Kafka record header is framed by two varints (up to 5 bytes each): counted, so
@@ -312,22 +314,36 @@ ContentTypeOf(PayloadKind kind) {
 	return outbox::cloudevents::kBinaryContentType;
 }
 
-// The length of this database's name: the default CloudEvents source is /outbox/<database>.
+// The length of this database's name as the default CloudEvents source writes it:
+// /outbox/<database>, percent-encoded.
 int
-DatabaseNameLength() {
+EncodedDatabaseNameLength() {
 	const char *database = get_database_name(MyDatabaseId);
-	return database ? int(strlen(database)) : 0;
+	return database ? int(outbox::cloudevents::PercentEncodedLength(database, strlen(database))) : 0;
 }
 
-// A CloudEvents attribute given to enqueue: not empty, and with a UTF-8 form. Returns its length.
+// A CloudEvents attribute given to enqueue: not empty, with a UTF-8 form, and valid as the
+// attribute (a source a URI-reference, a type a CloudEvents String). Returns its UTF-8 length.
 int
-ValidateAttribute(const char *name, text *value) {
+ValidateAttribute(const char *name, text *value, bool source) {
 	if (VARSIZE_ANY_EXHDR(value) == 0) {
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", name),
 		                errhint("Pass a non-empty value, or NULL for the default.")));
 	}
 	int len;
-	Utf8Of(name, VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value), &len);
+	const char *utf8 = Utf8Of(name, VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value), &len);
+	const char *problem = source ? outbox::cloudevents::UriReferenceProblem(utf8, size_t(len))
+	                             : outbox::cloudevents::StringAttributeProblem(utf8, size_t(len));
+	if (problem) {
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+		                errmsg(source ? "event_source is not a URI-reference" : "event_type is not a CloudEvents String"),
+		                errdetail("%s: %s.", source ? "CloudEvents 1.0 requires a URI-reference (RFC 3986)"
+		                                            : "CloudEvents 1.0 Strings exclude it",
+		                          problem),
+		                source ? errhint("Pass e.g. 'https://billing.example.com/invoices', 'urn:billing:invoices' or "
+		                                 "'/billing/invoices'; percent-encode other characters (a space is %%20).")
+		                       : errhint("Pass a type such as 'com.example.invoice.paid'.")));
+	}
 	return len;
 }
 
@@ -358,11 +374,11 @@ CloudEvent(FunctionCallInfo fcinfo, text *topic, PayloadKind kind, const HeaderF
 		             "The relay writes the CloudEvents attributes and the content type as those headers itself.",
 		             "Pass the type and source as event_type and event_source, or rename the header.");
 	}
-	int type_len = type ? ValidateAttribute("event_type", type) : VARSIZE_ANY_EXHDR(topic);
+	int type_len = type ? ValidateAttribute("event_type", type, false) : VARSIZE_ANY_EXHDR(topic);
 	const char *default_source = outbox::settings.cloudevents_source;
-	int source_len = source ? ValidateAttribute("event_source", source)
+	int source_len = source ? ValidateAttribute("event_source", source, true)
 	                        : default_source && default_source[0] ? int(strlen(default_source))
-	                                                              : int(strlen("/outbox/") + DatabaseNameLength());
+	                                                              : int(strlen("/outbox/") + EncodedDatabaseNameLength());
 	env->ce_content_type = ContentTypeOf(kind);
 	env->ce_type = type;
 	env->ce_source = source;

@@ -2,6 +2,7 @@
 #include "guc.hpp"
 
 #include "boundary.hpp"
+#include "cloudevent_attributes.hpp"
 #include "trace_context.hpp"
 #include "pg_include.hpp"
 #include "standby_wait.hpp"
@@ -24,10 +25,10 @@ const struct config_enum_entry kMessageTimestamps[] = {
     {nullptr, 0, false},
 };
 
-// The trace context settings hold a valid value or none: a bad one is refused when it is set
-// (SQLSTATE 22023, from the GUC machinery), not later by each enqueue.
+// The trace context and CloudEvents source settings hold a valid value or none: a bad one is
+// refused when it is set (SQLSTATE 22023, from the GUC machinery), not later by each enqueue.
 bool
-CheckTraceValue(char **newval, const char *(*problem_of)(const char *, size_t) noexcept, const char *hint) {
+CheckValue(char **newval, const char *(*problem_of)(const char *, size_t) noexcept, const char *hint) {
 	if (*newval == nullptr || (*newval)[0] == '\0') {
 		return true;
 	}
@@ -41,16 +42,36 @@ CheckTraceValue(char **newval, const char *(*problem_of)(const char *, size_t) n
 
 bool
 CheckTraceparent(char **newval, void **, GucSource) {
-	return CheckTraceValue(newval, TraceparentProblem,
+	return CheckValue(newval, TraceparentProblem,
 	                       "Set the W3C traceparent of the current span, e.g. "
 	                       "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01', or '' for none.");
 }
 
 bool
 CheckTracestate(char **newval, void **, GucSource) {
-	return CheckTraceValue(newval, TracestateProblem,
+	return CheckValue(newval, TracestateProblem,
 	                       "Set the W3C tracestate that goes with outbox.traceparent, e.g. 'vendor=value', or '' "
 	                       "for none.");
+}
+
+// A source every event that names none will carry: refused when set, not quarantined later.
+bool
+CheckCloudEventsSource(char **newval, void **, GucSource) {
+	if (*newval == nullptr || (*newval)[0] == '\0') {
+		return true;
+	}
+	if (const char *problem = cloudevents::UriReferenceProblem(*newval, strlen(*newval))) {
+		GUC_check_errdetail("CloudEvents 1.0 requires a URI-reference (RFC 3986): %s.", problem);
+		GUC_check_errhint("Set e.g. 'https://billing.example.com/outbox', 'urn:billing:outbox' or '/billing/outbox' "
+		                  "(a space written %%20), or '' for /outbox/<database>.");
+		return false;
+	}
+	return true;
+}
+
+extern "C" bool
+outbox_check_cloudevents_source(char **newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_cloudevents_source", CheckCloudEventsSource, newval, extra, source);
 }
 
 extern "C" bool
@@ -220,8 +241,10 @@ DefineSettings() {
 	                           "(enqueue's cloudevents argument still chooses per event). Read by enqueue.",
 	                           &settings.cloudevents_topics, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 	DefineCustomStringVariable("outbox.cloudevents_source", "CloudEvents source (ce_source) of events that name none.",
-	                           "A URI-reference identifying the producer; empty: /outbox/ followed by outbox.database.",
-	                           &settings.cloudevents_source, "", PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+	                           "A URI-reference identifying the producer; empty: /outbox/ followed by the database's "
+	                           "name, percent-encoded.",
+	                           &settings.cloudevents_source, "", PGC_SIGHUP, 0, outbox_check_cloudevents_source,
+	                           nullptr, nullptr);
 	DefineCustomEnumVariable("outbox.message_timestamp", "Timestamp of the Kafka record.",
 	                         "commit (default): the event's created_at, its enqueuing transaction's start; publish: "
 	                         "the time the relay hands it to the producer.",

