@@ -13,15 +13,24 @@ import re
 import subprocess
 import sys
 
-ExtensionLibrdkafka = collections.namedtuple("ExtensionLibrdkafka", "path version number")
+ExtensionLibrdkafka = collections.namedtuple("ExtensionLibrdkafka", "path version number features")
 
-_ASK = ("import ctypes, sys; lib = ctypes.CDLL(sys.argv[1]); lib.rd_kafka_version_str.restype = ctypes.c_char_p; "
-        "print(lib.rd_kafka_version_str().decode(), lib.rd_kafka_version())")
+_ASK = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.rd_kafka_version_str.restype = ctypes.c_char_p
+lib.rd_kafka_conf_new.restype = ctypes.c_void_p
+lib.rd_kafka_conf_get.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t))
+features, size = ctypes.create_string_buffer(1024), ctypes.c_size_t(1024)
+lib.rd_kafka_conf_get(lib.rd_kafka_conf_new(), b"builtin.features", features, ctypes.byref(size))
+print(lib.rd_kafka_version_str().decode(), lib.rd_kafka_version(), features.value.decode())
+"""
 
 
 @functools.lru_cache(maxsize=None)
 def extension_librdkafka():
-    """(path of the librdkafka.so.1 outbox.so loads, its version string, rd_kafka_version())."""
+    """(path of the librdkafka.so.1 outbox.so loads, its version string, rd_kafka_version(),
+    its builtin.features: "oidc" where it was built with libcurl)."""
     pkglibdir = subprocess.run(["pg_config", "--pkglibdir"], stdout=subprocess.PIPE, text=True,
                                check=True).stdout.strip()
     ldd = subprocess.run(["ldd", f"{pkglibdir}/outbox.so"], stdout=subprocess.PIPE, text=True,
@@ -29,9 +38,9 @@ def extension_librdkafka():
     found = re.search(r"^\s*librdkafka\.so\.\S+ => (\S+)", ldd, re.M)
     if not found:
         raise RuntimeError(f"outbox.so in {pkglibdir} resolves no librdkafka:\n{ldd}")
-    version, number = subprocess.run([sys.executable, "-c", _ASK, found.group(1)], stdout=subprocess.PIPE,
+    version, number, features = subprocess.run([sys.executable, "-c", _ASK, found.group(1)], stdout=subprocess.PIPE,
                                      text=True, check=True).stdout.split()
-    return ExtensionLibrdkafka(found.group(1), version, int(number))
+    return ExtensionLibrdkafka(found.group(1), version, int(number), frozenset(features.split(",")))
 
 
 # librdkafka 2.6.1 answers Kafka 4.x's SCRAM server-first message right (librdkafka#4895).
