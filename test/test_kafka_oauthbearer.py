@@ -23,8 +23,8 @@ from harness.wait import wait_until
 from test_kafka_security import FAILING, create_hostile_roles, enqueue, properties_file, relay_lines, visible_to, worker
 
 CLIENT_ID = "outbox-relay"
-CLIENT_SECRET = "Oc7-relay-client-secret-58e1a"
-WRONG_SECRET = "Wn2-not-the-client-secret-3c9f"
+CLIENT_SECRET = "Oc7xQz2Lk58e1aRvM4"  # no words: the mask hides any 4 of its characters in a row
+WRONG_SECRET = "Wn2Pq8Tz3c9fHsJ6"
 SECRETS = (CLIENT_SECRET, WRONG_SECRET)
 
 relay_has_oidc = "oidc" in extension_librdkafka().features
@@ -108,6 +108,7 @@ def test_wrong_client_secret_is_misconfigured_with_bounded_logs_until_fixed(brok
     w = worker(pg)
     assert w["state"] == "misconfigured", w
     assert idp.refused > refused
+    assert '"error": "invalid_client"' in w["last_error"], w  # the token endpoint's own answer
     # librdkafka asks the endpoint again every 10 s: a couple of those, not a line per retry.
     wait_until(lambda: idp.refused >= refused + 2, 60, "a second token request")
     lines = relay_lines(pg)
