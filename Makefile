@@ -1,6 +1,7 @@
 # outbox: transactional outbox to Apache Kafka, built with PGXS.
 #
 #   make && sudo make install     build outbox.so (C++17) and install it with the SQL script
+#   make RDKAFKA_PREFIX=DIR      the same against the librdkafka installed under DIR
 #   make installcheck             pg_regress + isolation tests on a throwaway cluster of their own
 #   test/run                      everything the README's test command runs (installs what is missing)
 
@@ -45,6 +46,18 @@ PG_CPPFLAGS += -DOUTBOX_TEST_SEAMS
 endif
 # PGXS links modules with $(CC), so the C++ runtime is named explicitly.
 SHLIB_LINK  = -lrdkafka -lstdc++
+# The librdkafka to build against: Debian's (/usr) by default, or the one installed under
+# RDKAFKA_PREFIX (test/librdkafka/build.sh makes a current one; README "Choosing the librdkafka
+# build"). Its lib directory goes into the module's rpath so that the server loads that library
+# at run time, not the system's librdkafka.so.1 of the same soname.
+ifneq ($(RDKAFKA_PREFIX),)
+ifeq ($(wildcard $(RDKAFKA_PREFIX)/include/librdkafka/rdkafka.h),)
+$(error RDKAFKA_PREFIX=$(RDKAFKA_PREFIX) has no include/librdkafka/rdkafka.h (test/librdkafka/build.sh prints a prefix that has))
+endif
+# As a system header, like /usr/include: its own warnings (2.8.0 has some) are not ours.
+PG_CPPFLAGS := -isystem $(RDKAFKA_PREFIX)/include $(PG_CPPFLAGS)
+SHLIB_LINK  := -L$(RDKAFKA_PREFIX)/lib -Wl,-rpath,$(RDKAFKA_PREFIX)/lib $(SHLIB_LINK)
+endif
 
 # Debian's server is built with LLVM JIT and would also compile every .cpp to bitcode with
 # clang-14. The outbox functions are not hot in JIT-compiled expressions, so we skip bitcode:

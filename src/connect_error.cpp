@@ -119,9 +119,12 @@ DescribeConnectError(ConnectErrorKind kind, const std::string &reason, int x509_
 		out.problem = ConnectProblem::Refused;
 		out.text = "TLS: the broker refused the relay's certificate (check ssl.certificate.location, "
 		           "ssl.key.location): ";
-	} else if (kind == ConnectErrorKind::Tls) {
+	} else if (kind == ConnectErrorKind::Tls || Contains(what, "SSL handshake failed") ||
+	           Contains(reason, " in state SSL_HANDSHAKE")) {
 		// The peer closed or garbled the handshake: a listener that speaks no TLS, or one that
-		// went away. The relay never falls back to plaintext; it tries again later.
+		// went away. The relay never falls back to plaintext; it tries again later. librdkafka
+		// 2.0.2 reports it as a TLS error; later ones (2.8.0) as a transport error, "SSL handshake
+		// failed: Disconnected: ..." or a bare "Disconnected (after 1ms in state SSL_HANDSHAKE)".
 		out.text = "TLS handshake failed (is the listener TLS? is security.protocol right?): ";
 	}
 	out.text += what;

@@ -733,6 +733,11 @@ ErrorName(int err) noexcept {
 }
 
 const char *
+LibraryVersion() noexcept {
+	return rd_kafka_version_str();
+}
+
+const char *
 ErrorText(int err) noexcept {
 	return rd_kafka_err2str(rd_kafka_resp_err_t(err));
 }

@@ -130,6 +130,9 @@ bool TakeLogLine(Producer *producer, char *buf, size_t len, int *syslog_level) n
 ErrorClass Classify(int err) noexcept;
 const char *ErrorName(int err) noexcept;
 const char *ErrorText(int err) noexcept;
+// The librdkafka the server loaded ("2.8.0"): the one this module was linked against only when
+// its rpath (make RDKAFKA_PREFIX=...) or the system's library search found that one.
+const char *LibraryVersion() noexcept;
 
 // The waits' bounds (README, DESIGN.md "Failures").
 constexpr int kMetadataLookupMs = 500;

@@ -1003,6 +1003,8 @@ RelayMain(Datum arg) {
 	pgstat_report_appname(appname);
 	ereport(LOG, (errmsg("outbox relay %d started for database \"%s\" (%d of %d workers)", worker_index,
 	                     database_name, worker_index + 1, worker_count)));
+	// Which librdkafka runs decides what the relay can do (SCRAM to Kafka 4.x needs 2.6.1): said once.
+	ereport(LOG, (errmsg("outbox relay %d: librdkafka %s", worker_index, kafka::LibraryVersion())));
 
 	batch_context = AllocSetContextCreate(TopMemoryContext, "outbox relay batch", ALLOCSET_DEFAULT_SIZES);
 

@@ -9,6 +9,7 @@ packages=(
 	librdkafka-dev                          # the Kafka client the relay embeds (2.0.2 on Debian 12)
 	g++ make                                # C++17 build
 	python3 python3-pytest python3-hypothesis python3-psycopg python3-confluent-kafka python3-yaml   # integration tests
+	python3-cryptography                    # the OAUTHBEARER tests' token signing (test/harness/oidc_provider.py)
 	python3-pip python3-deprecation         # the CloudEvents SDK below (deprecation: its one dependency)
 	python3-matplotlib                      # the benchmark's charts (its smoke run is a test)
 	openjdk-17-jdk-headless maven           # the real Kafka broker; javac builds the Java CloudEvents consumer

@@ -1,10 +1,14 @@
 """End to end against a real Apache Kafka broker (KRaft, one node, jars from Maven Central),
 read back with a real Kafka consumer."""
 
+import os
+import re
+
 import pytest
 
 from harness.kafka_broker import KafkaBroker
 from harness.kafka_reader import check_delivery, read_topic
+from harness.librdkafka import extension_librdkafka
 from harness.wait import wait_until
 
 
@@ -93,3 +97,19 @@ def test_broker_rejected_event_is_quarantined_others_flow(kafka, make_relay):
     assert "MSG_SIZE_TOO_LARGE" in error or "RECORD" in error, error
     records = read_topic(kafka.bootstrap, "billing.small", 5, settle=True)
     assert sorted(r.key for r in records) == [f"ok-{i}".encode() for i in range(5)]
+
+
+def test_relay_logs_the_librdkafka_it_runs_with_once_at_start(kafka, make_relay):
+    # The library the dynamic loader gives outbox.so (ldd), asked for its version; test/run's
+    # second pass also says which one it built against (OUTBOX_EXPECT_LIBRDKAFKA).
+    loaded = extension_librdkafka()
+    expected = os.environ.get("OUTBOX_EXPECT_LIBRDKAFKA")
+    if expected:
+        assert loaded.version == expected, loaded
+    pg = make_relay(kafka.bootstrap, workers=2)
+    pg.wait_workers_running(2)
+    pg.sql("SELECT outbox.enqueue('billing.invoices', 'k', '{}'::jsonb)")
+    pg.wait_published(1, timeout=90)
+    for worker in (0, 1):
+        said = re.findall(rf"LOG:  outbox relay {worker}: librdkafka (\S+)$", pg.log(), re.M)
+        assert said == [loaded.version], pg.log()

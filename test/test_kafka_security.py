@@ -4,7 +4,9 @@ One broker for the module (KafkaBroker(secure=True)): a throwaway CA made with o
 broker certificate for localhost/127.0.0.1, SCRAM users made by the broker's own
 `kafka-storage format --add-scram`, and four listeners: SCRAM (SASL_SSL), MTLS (SSL with
 ssl.client.auth=required), EXPIRED (SASL_SSL with an expired certificate) and PLAINTEXT.
-It runs Kafka 3.9: librdkafka before 2.6.1 (Debian 12 has 2.0.2) cannot log in to Kafka 4.x
+It runs Kafka 4.1.1 when the relay's librdkafka (the one the installed extension loads, see
+harness/librdkafka.py; test/run's second pass builds it against 2.8.0) is 2.6.1 or later, and
+Kafka 3.9 otherwise: librdkafka before 2.6.1 (Debian 12 has 2.0.2) cannot log in to Kafka 4.x
 with SCRAM (librdkafka#4895); test_scram_against_kafka_4_says_why_it_fails shows what the
 relay reports then.
 
@@ -23,6 +25,7 @@ from confluent_kafka import libversion
 
 from harness.kafka_broker import KafkaBroker
 from harness.kafka_reader import read_topic
+from harness.librdkafka import SCRAM_ON_KAFKA_4, extension_librdkafka, relay_scrams_on_kafka_4
 from harness.tls_certs import ThrowawayCa
 from harness.wait import wait_until
 
@@ -36,7 +39,8 @@ TOPIC = "billing.secure"
 
 @pytest.fixture(scope="module")
 def broker():
-    with KafkaBroker(secure=True, scram_users={RELAY_USER: RELAY_PASSWORD}, release="3.9") as kb:
+    release = "4.1" if relay_scrams_on_kafka_4() else "3.9"
+    with KafkaBroker(secure=True, scram_users={RELAY_USER: RELAY_PASSWORD}, release=release) as kb:
         kb.create_topic(TOPIC, partitions=3)
         yield kb
 
@@ -70,6 +74,14 @@ def scram_relay(make_relay, broker, secrets_dir, password=RELAY_PASSWORD, listen
                     **settings)
     pg.wait_workers_running(1)
     return pg
+
+
+def read_back(broker, count):
+    """What a real consumer reads of TOPIC: over the SCRAM listener as the relay's user where the
+    tests' own librdkafka (Debian's, in confluent_kafka) can log in there, else over PLAINTEXT."""
+    if broker.release == "4.1" and libversion()[1] < SCRAM_ON_KAFKA_4:
+        return read_topic(broker.bootstrap, TOPIC, count)
+    return read_topic(broker.secure_bootstrap["SCRAM"], TOPIC, count, config=reader_config(broker))
 
 
 def reader_config(broker):
@@ -153,9 +165,22 @@ def test_publishes_over_tls_with_scram_password_from_a_file(broker, make_relay, 
     pg = scram_relay(make_relay, broker, secrets_dir)
     ids = enqueue(pg, 30)
     pg.wait_published(30, timeout=90)
-    records = read_topic(broker.secure_bootstrap["SCRAM"], TOPIC, 30, config=reader_config(broker))
+    records = read_back(broker, 30)
     assert set(ids) <= {r.event_id for r in records}
     assert worker(pg)["state"] in ("idle", "claiming", "publishing", "recording")
+    assert worker(pg)["last_error"] is None
+    assert_no_secret_anywhere(pg)
+
+
+@pytest.mark.skipif(not relay_scrams_on_kafka_4(), reason="librdkafka before 2.6.1 cannot log in to Kafka 4.x "
+                                                         "with SCRAM (test_scram_against_kafka_4_says_why_it_fails)")
+def test_scram_sha_512_to_kafka_4_1_1_with_a_current_librdkafka(broker, make_relay, secrets_dir):
+    with open(broker.log_path) as f:
+        assert "Kafka version: 4.1.1" in f.read()
+    pg = scram_relay(make_relay, broker, secrets_dir)
+    ids = enqueue(pg, 10, prefix="kafka4")
+    pg.wait_published(10, timeout=90)
+    assert set(ids) <= {r.event_id for r in read_back(broker, len(ids))}
     assert worker(pg)["last_error"] is None
     assert_no_secret_anywhere(pg)
 
@@ -199,7 +224,7 @@ def test_wrong_password_is_misconfigured_without_a_crash_loop_until_fixed(broker
     pg.reload()
     pg.wait_published(len(ids), timeout=90)
     assert worker(pg)["pid"] == pid
-    records = read_topic(broker.secure_bootstrap["SCRAM"], TOPIC, len(ids), config=reader_config(broker))
+    records = read_back(broker, len(ids))
     assert set(ids) <= {r.event_id for r in records}
     assert_no_secret_anywhere(pg)
 
@@ -254,7 +279,7 @@ def test_mutual_tls_with_an_encrypted_key_whose_password_is_in_the_file(broker, 
     pg.wait_workers_running(1)
     ids = enqueue(pg, 10, prefix="mtls")
     pg.wait_published(10, timeout=90)
-    records = read_topic(broker.secure_bootstrap["SCRAM"], TOPIC, 10, config=reader_config(broker))
+    records = read_back(broker, 10)
     assert set(ids) <= {r.event_id for r in records}
     assert_no_secret_anywhere(pg)
 
@@ -280,7 +305,7 @@ def test_wrong_key_password_is_misconfigured_and_not_shown(broker, make_relay, s
 
 # -- librdkafka 2.0.2 and Kafka 4.x -----------------------------------------------------------
 
-@pytest.mark.skipif(libversion()[1] >= 0x020601ff, reason="librdkafka 2.6.1 and later log in to Kafka 4.x")
+@pytest.mark.skipif(relay_scrams_on_kafka_4(), reason="the relay's librdkafka (2.6.1 or later) logs in to Kafka 4.x")
 def test_scram_against_kafka_4_says_why_it_fails(make_relay, secrets_dir):
     with KafkaBroker(secure=True, scram_users={RELAY_USER: RELAY_PASSWORD}) as kb4:
         pg = scram_relay(make_relay, kb4, secrets_dir)

@@ -10,6 +10,11 @@ machine's Java 17+, in a fresh temp dir, listening on two free loopback ports:
         kb.create_topic("events", partitions=3)   # returns once every partition has a leader
         run_tests(bootstrap=kb.bootstrap)         # "127.0.0.1:PORT"
 
+    # An OAUTH listener (SASL_PLAINTEXT, OAUTHBEARER) whose tokens the broker checks against the
+    # JWKS of a local OidcProvider (harness/oidc_provider.py), Kafka 4.x:
+    with OidcProvider(clients={"relay": "s3cret"}) as idp, KafkaBroker(oauth=idp) as kb:
+        kb.oauth_bootstrap
+
     # TLS listeners (SECURE_LISTENERS) with a throwaway CA, SCRAM-SHA-512 users, Kafka 3.9:
     with KafkaBroker(secure=True, scram_users={"relay": "pw"}, release="3.9") as kb:
         kb.secure_bootstrap["SCRAM"], kb.ca.cert_pem, kb.ca.issue("client", client=True)
@@ -169,7 +174,7 @@ class KafkaBroker:
     """
 
     def __init__(self, *, heap="384m", start_timeout=180.0, stop_timeout=30.0,
-                 overrides=None, secure=False, scram_users=None, release="4.1"):
+                 overrides=None, secure=False, scram_users=None, release="4.1", oauth=None):
         """
         heap           -Xmx of the broker JVM
         start_timeout  seconds allowed for format + start until the broker answers metadata
@@ -182,6 +187,9 @@ class KafkaBroker:
                        the broker's own `kafka-storage format --add-scram`
         release        "4.1" (test/kafka/pom.xml) or "3.9" (pom-3.9.xml): librdkafka
                        before 2.6.1 can SCRAM-authenticate to 3.x brokers only (RELEASES)
+        oauth          an identity provider (jwks_url, issuer, audience: OidcProvider): also
+                       open the OAUTH listener, where the broker's own
+                       OAuthBearerValidatorCallbackHandler validates tokens with its JWKS
         """
         if release not in RELEASES:
             raise KafkaBrokerError(f"unknown Kafka release {release!r} (one of {sorted(RELEASES)})")
@@ -194,6 +202,8 @@ class KafkaBroker:
         self.scram_users = dict(scram_users or {})
         self.ca = None
         self.secure_bootstrap = {}  # listener name -> "127.0.0.1:PORT", when secure
+        self.oauth = oauth
+        self.oauth_bootstrap = None  # "127.0.0.1:PORT" of the OAUTH listener, with oauth
         self.bootstrap = None
         self.port = None
         self.controller_port = None
@@ -230,7 +240,10 @@ class KafkaBroker:
             self.tmpdir = tempfile.mkdtemp(prefix="outbox-kafka-")
             self.log_path = os.path.join(self.tmpdir, "server.log")
             self.console_path = os.path.join(self.tmpdir, "console.out")
-            ports = _free_loopback_ports(2 + (len(SECURE_LISTENERS) if self.secure else 0))
+            ports = _free_loopback_ports(2 + (len(SECURE_LISTENERS) if self.secure else 0)
+                                         + (1 if self.oauth else 0))
+            if self.oauth:
+                self.oauth_bootstrap = f"127.0.0.1:{ports.pop()}"
             self.port, self.controller_port = ports[:2]
             self.bootstrap = f"127.0.0.1:{self.port}"
             if self.secure:
@@ -363,6 +376,8 @@ class KafkaBroker:
         }
         if self.secure:
             props.update(self._secure_listener_properties(props))
+        if self.oauth:
+            props.update(self._oauth_listener_properties(props))
         props.update({k: str(v) for k, v in self.overrides.items()})
         path = os.path.join(self.tmpdir, "server.properties")
         with open(path, "w") as f:
@@ -409,9 +424,29 @@ class KafkaBroker:
                       "sasl.enabled.mechanisms": "SCRAM-SHA-512"})
         return extra
 
+    def _oauth_listener_properties(self, props):
+        """The OAUTH listener: SASL_PLAINTEXT with OAUTHBEARER, tokens validated by signature
+        (the JWKS, fetched from the provider at start and refreshed), issuer and audience."""
+        prefix = "listener.name.oauth."
+        return {
+            "listeners": f"{props['listeners']},OAUTH://{self.oauth_bootstrap}",
+            "advertised.listeners": f"{props['advertised.listeners']},OAUTH://{self.oauth_bootstrap}",
+            "listener.security.protocol.map": f"{props['listener.security.protocol.map']},OAUTH:SASL_PLAINTEXT",
+            prefix + "sasl.enabled.mechanisms": "OAUTHBEARER",
+            prefix + "oauthbearer.sasl.jaas.config":
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required;",
+            prefix + "oauthbearer.sasl.server.callback.handler.class":
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerValidatorCallbackHandler",
+            "sasl.oauthbearer.jwks.endpoint.url": self.oauth.jwks_url,
+            "sasl.oauthbearer.expected.issuer": self.oauth.issuer,
+            "sasl.oauthbearer.expected.audience": self.oauth.audience,
+        }
+
     def _jvm(self, heap, log_file, main_class, *args):
+        # Kafka 4 fetches a JWKS (or token) URL only if this system property lists it.
+        allowed = [f"-Dorg.apache.kafka.sasl.oauthbearer.allowed.urls={self.oauth.jwks_url}"] if self.oauth else []
         return [_java(), f"-Xmx{heap}", "-XX:+ExitOnOutOfMemoryError",
-                "-Djava.awt.headless=true",
+                "-Djava.awt.headless=true", *allowed,
                 f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
                 f"-Doutbox.kafka.log={log_file}",
                 "-cp", os.path.join(self._libs, "*"),  # expanded by java, not a shell
