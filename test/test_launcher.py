@@ -478,7 +478,7 @@ def quote(text):
 
 
 def connect_as(pg, user, db, autocommit=False):
-    return psycopg.connect(host=pg.tmp, port=pg.port, user=user, dbname=db, autocommit=autocommit)
+    return pg.connect(db, autocommit=autocommit, user=user)
 
 
 # Every statement the utility hook looks at, each failing for a role with only CONNECT: of
@@ -546,7 +546,8 @@ def test_only_a_committed_change_of_outbox_workers_restarts_and_only_its_databas
     # A role that may change db_b's outbox.workers (its owner, granted SET on the parameter):
     # a change that succeeded but was rolled back (savepoint, EXCEPTION block, PREPARE
     # TRANSACTION then ROLLBACK PREPARED) restarts nothing; a committed one restarts db_b only.
-    with cluster(mock_cluster, max_prepared_transactions="2", **{"outbox.launcher_naptime": "'1h'"}) as pg:
+    with cluster(mock_cluster, max_prepared_transactions="2",
+                 **{"outbox.max_workers": "6", "outbox.launcher_naptime": "'1h'"}) as pg:
         if pg.value("SELECT current_setting('server_version_num')::int") < 150000:
             pytest.skip("GRANT SET ON PARAMETER is PostgreSQL 15+")
         for db in ("db_a", "db_b", "db_c"):
