@@ -9,8 +9,8 @@
 // ALTER DATABASE ... RENAME refuses while the relay is connected as well: the hook stops the
 // workers for that statement only (RenameWillProceed).
 //
-// The same hook tells the launcher what other statements' commits change for it
-// (launcher.cpp NoteStatementForLauncher).
+// The same hook tells the launcher what other statements change for it, once they succeeded
+// (launcher_requests.cpp NoteStatementForLauncher).
 #include "drop_database.hpp"
 
 #include "boundary.hpp"
@@ -185,7 +185,7 @@ void
 OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
           ParamListInfo params, QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *qc) {
 	Node *stmt = pstmt->utilityStmt;
-	NoteStatementForLauncher(stmt);
+	bool outbox_existed = OutboxExtensionExistsFor(stmt);
 	Oid stopped_for = InvalidOid;
 	if (IsA(stmt, DropdbStmt)) {
 		const DropdbStmt *drop = reinterpret_cast<DropdbStmt *>(stmt);
@@ -226,6 +226,8 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 	if (OidIsValid(renaming)) {
 		ResumeDatabase(renaming); // renamed: the launcher starts its workers again
 	}
+	// Only now: a statement that failed (or never ran) must tell the launcher nothing.
+	NoteStatementForLauncher(stmt, outbox_existed);
 }
 
 } // namespace

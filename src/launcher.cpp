@@ -6,7 +6,8 @@
 // database sets it, exiting for a restart with that count when it differs. CREATE EXTENSION
 // outbox and ALTER DATABASE ... SET outbox.workers tell the launcher at commit
 // (launcher_requests.cpp); otherwise such a database is probed again every
-// outbox.launcher_naptime.
+// outbox.launcher_naptime. A restart the launcher decides keeps the database's slots: a
+// waiting database cannot take them meanwhile.
 //
 // A database gets all of its outbox.workers or none: worker i of n owns lanes lane % n = i, so a
 // missing worker would leave its keys unpublished. A database's workers all run with the same n:
@@ -51,6 +52,9 @@ struct Database {
 	bool stopping;           // the launcher asked its workers to stop
 	TimestampTz asked_at;    // a session's commit last asked to look at it
 	bool template_logged;    // made a template (ALTER DATABASE ... IS_TEMPLATE): said once
+	// Slots it held before the launcher stopped its workers for a restart (or one stopped by
+	// itself): no other database may take them until it runs again or gives them up.
+	int kept;
 	DatabaseState state;
 	char error[256];
 	TimestampTz error_at;
@@ -110,7 +114,9 @@ ReserveSlot(int s, const Database &db, int index, int n_workers) {
 	slot->extension_present = false;
 	slot->resize = false;
 	slot->wanted = n_workers;
+	slot->count_confirmed = false;
 	slot->stop_for_drop = false;
+	slot->restart_requested = false; // a new reservation's workers read the committed count
 	slot->pid = 0;
 	slot->latch = nullptr;
 	slot->state = WorkerState::Starting;
@@ -259,6 +265,7 @@ ScanDatabases() {
 void
 TerminateAll(Database *db, const int *slots, int n) {
 	db->stopping = true;
+	db->kept = Max(db->kept, n); // its slots wait for its restart
 	for (int i = 0; i < n; i++) {
 		if (handles[slots[i]]) {
 			TerminateBackgroundWorker(handles[slots[i]]);
@@ -350,9 +357,24 @@ ReapStopped(Database *db, int *slots) {
 			// failed connection): started again after a pause, so a fault cannot loop fast.
 			db->not_before = TimestampTzPlusMilliseconds(Now(), kRestartSeconds * 1000L);
 		}
+		db->kept = Max(db->kept, n); // given back to the pool, kept for this database's restart
 		ReleaseSlot(s);
 	}
 	return kept;
+}
+
+// Free slots that `db` may take: those other databases keep for their restart are not.
+int
+AvailableSlotsFor(const Database *db) {
+	int available = FreeSlots();
+	for (int i = 0; i < n_databases; i++) {
+		const Database &other = databases[i];
+		if (other.oid != db->oid && other.kept > 0) {
+			int slots[kMaxSlots];
+			available -= Max(0, other.kept - SlotsOf(other.oid, slots));
+		}
+	}
+	return available;
 }
 
 void
@@ -371,6 +393,9 @@ Reconcile(Database *db, TimestampTz now) {
 	}
 	bool paused = Paused(db->oid, now);
 	int want = (!db->exists || paused || db->extension == Extension::Missing) ? 0 : db->wanted;
+	if (want == 0) {
+		db->kept = 0; // gone, dropped, disabled or without the extension: nothing to keep
+	}
 	int running_with = 0;
 	if (n > 0) {
 		WorkerSlot *slot = SlotOf(slots[0]);
@@ -383,7 +408,9 @@ Reconcile(Database *db, TimestampTz now) {
 	} else if (db->exists && db->wanted == 0) {
 		db->state = DatabaseState::Disabled;
 	}
-	if (n > 0 && (want == 0 || running_with != want)) {
+	// Fewer slots than its count: one of its workers stopped by itself. All or none: the rest
+	// stop too, and all start again on the slots it keeps.
+	if (n > 0 && (want == 0 || running_with != want || n < running_with)) {
 		TerminateAll(db, slots, n); // all stop before a new count starts
 		return;
 	}
@@ -391,7 +418,8 @@ Reconcile(Database *db, TimestampTz now) {
 		return;
 	}
 	if (n == 0) {
-		if (FreeSlots() < want) {
+		if (AvailableSlotsFor(db) < want) {
+			db->kept = 0; // what it kept is not enough: it waits like the others
 			// More than the whole budget never fits, however many slots are freed: say so.
 			char error[256];
 			if (db->extension != Extension::Present) {
@@ -429,18 +457,24 @@ Reconcile(Database *db, TimestampTz now) {
 	}
 	// Unknown: worker 0 alone looks for the extension; the others follow once it found it.
 	if (!StartWorkers(db, slots, n, db->extension != Extension::Present)) {
+		db->kept = 0;
 		return;
 	}
 	int running = 0;
+	bool confirmed = false; // worker 0 saw the database's count is n
 	for (int i = 0; i < n; i++) {
 		WorkerSlot *slot = SlotOf(slots[i]);
 		SpinLockAcquire(&slot->mutex);
 		running += slot->pid != 0;
+		confirmed |= slot->index == 0 && slot->count_confirmed;
 		SpinLockRelease(&slot->mutex);
 	}
 	db->state = running == want ? DatabaseState::Running : DatabaseState::Starting;
 	if (db->state == DatabaseState::Running) {
 		db->error[0] = '\0';
+	}
+	if (db->state == DatabaseState::Running && confirmed) {
+		db->kept = 0; // it runs with its database's count: what it holds is all it needs
 	}
 }
 
@@ -523,48 +557,77 @@ OnLauncherExit(int, Datum) {
 	SpinLockRelease(&shared->launcher.mutex);
 }
 
-// Requests from sessions: which databases to look at again.
+// Requests from sessions: which databases to look at again. A look at a database that holds
+// slots restarts nothing (its workers see what they need themselves); one without slots starts
+// afresh with the probe count, as it may wait for a count nobody wants any more.
 bool
 TakeRequests() {
-	LauncherRequest probe[kMaxLauncherRequests];
+	Oid look[kMaxLauncherRequests];
 	SpinLockAcquire(&shared->launcher.mutex);
 	bool rescan = shared->launcher.rescan;
-	bool probe_all = shared->launcher.probe_all;
-	int n = shared->launcher.n_probe;
-	memcpy(probe, shared->launcher.probe, sizeof(probe[0]) * n);
+	bool look_all = shared->launcher.look_all;
+	int n = shared->launcher.n_look;
+	memcpy(look, shared->launcher.look, sizeof(look[0]) * n);
 	shared->launcher.rescan = false;
-	shared->launcher.probe_all = false;
-	shared->launcher.n_probe = 0;
+	shared->launcher.look_all = false;
+	shared->launcher.n_look = 0;
 	SpinLockRelease(&shared->launcher.mutex);
 	for (int i = 0; i < n_databases; i++) {
-		bool asked = probe_all;
-		bool restart = probe_all;
-		for (int j = 0; j < n; j++) {
-			asked |= probe[j].database == databases[i].oid;
-			restart |= probe[j].database == databases[i].oid && probe[j].restart;
+		Database *db = &databases[i];
+		bool asked = look_all;
+		for (int j = 0; j < n && !asked; j++) {
+			asked = look[j] == db->oid;
 		}
-		if (asked) {
-			// Look again: a new extension, or a new outbox.workers, which only a worker connected
-			// to the database sees (restart: its running workers stop; the next start reads it).
-			Database *db = &databases[i];
-			int slots[kMaxSlots];
-			int n_slots = SlotsOf(db->oid, slots);
-			if (restart && n_slots > 0) {
-				TerminateAll(db, slots, n_slots);
-			}
-			// A look under way that finds no extension may have looked before this commit.
-			db->asked_at = Now();
+		if (!asked) {
+			continue;
+		}
+		// A look under way that finds no extension may have looked before this commit.
+		db->asked_at = Now();
+		int slots[kMaxSlots];
+		if (SlotsOf(db->oid, slots) == 0) {
 			if (!SingleDatabaseMode()) {
 				db->extension = Extension::Unknown;
 			}
-			// The count it starts with is looked up again too: a database holding no slot (its
-			// count did not fit) has no worker to see a lowered one, and would wait for the old.
 			db->wanted = ProbeCount();
 			db->next_probe = 0;
 			db->not_before = 0;
 		}
 	}
-	return rescan || probe_all || n > 0;
+	return rescan || look_all || n > 0;
+}
+
+// Restarts sessions asked for on a database's slots (its outbox.workers changed, which only a
+// worker connected to it sees): all of its workers stop, and worker 0 starts again with the
+// probe count, on the slots the database keeps meanwhile.
+void
+TakeRestarts() {
+	for (int s = 0; s < settings.max_workers; s++) {
+		WorkerSlot *slot = SlotOf(s);
+		SpinLockAcquire(&slot->mutex);
+		Oid oid = slot->restart_requested ? slot->database : InvalidOid;
+		slot->restart_requested = false;
+		SpinLockRelease(&slot->mutex);
+		Database *db = OidIsValid(oid) ? FindDatabase(oid) : nullptr;
+		if (db == nullptr) {
+			continue;
+		}
+		int slots[kMaxSlots];
+		int n = SlotsOf(oid, slots);
+		for (int i = 0; i < n; i++) { // the database's other marks are served by this restart
+			WorkerSlot *other = SlotOf(slots[i]);
+			SpinLockAcquire(&other->mutex);
+			other->restart_requested = false;
+			SpinLockRelease(&other->mutex);
+		}
+		TerminateAll(db, slots, n);
+		db->asked_at = Now();
+		if (!SingleDatabaseMode()) {
+			db->extension = Extension::Unknown;
+		}
+		db->wanted = ProbeCount();
+		db->next_probe = 0;
+		db->not_before = 0;
+	}
 }
 
 // Databases that hold no slot start next with the configuration files' count, corrected by
@@ -623,6 +686,7 @@ LauncherMain(Datum) {
 			ProbeAgainWithoutSlots(); // outbox.workers of the configuration files may have changed
 		}
 		TimestampTz now = Now();
+		TakeRestarts();
 		if (TakeRequests() || reloaded || now >= next_scan) {
 			ScanDatabases();
 			next_scan = TimestampTzPlusMilliseconds(now, settings.launcher_naptime_ms);

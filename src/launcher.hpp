@@ -25,10 +25,16 @@ bool ExtensionInstalled();
 // Tells the launcher to look now, from a worker (its database has the extension).
 void WakeLauncher();
 
-// From the utility hook, before a statement runs: what its commit should tell the launcher
-// (CREATE EXTENSION outbox: probe this database; CREATE/DROP/ALTER DATABASE: rescan;
-// DROP EXTENSION outbox: wake this database's workers so they see it gone).
-void NoteStatementForLauncher(Node *stmt);
+// From the utility hook, before a statement runs: whether it is a CREATE EXTENSION outbox of
+// an extension already installed (IF NOT EXISTS then creates nothing).
+bool OutboxExtensionExistsFor(Node *stmt);
+
+// From the utility hook, once the statement has succeeded: what the commit of its
+// (sub)transaction should tell the launcher (CREATE EXTENSION outbox that created it: look at
+// this database; ALTER DATABASE ... SET/RESET outbox.workers of a database that exists: restart
+// its workers; CREATE/DROP/ALTER/RENAME DATABASE: rescan; DROP EXTENSION outbox: wake this
+// database's workers so they see it gone).
+void NoteStatementForLauncher(Node *stmt, bool outbox_existed);
 
 // DROP DATABASE (drop_database.cpp): no worker is started for `db` for a minute, or until
 // ResumeDatabase after a failed drop.

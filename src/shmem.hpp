@@ -58,9 +58,15 @@ struct WorkerSlot {
 	// then, `wanted` says the count): the launcher restarts all of the database's workers with it.
 	bool resize;
 	int wanted;
+	// Set by the worker once it has seen that its database's outbox.workers is n_workers: the
+	// database keeps the slots of its restart (launcher.cpp) until its worker 0 says so.
+	bool count_confirmed;
 
 	// Set by the DROP DATABASE hook before it stops the worker: not to be restarted.
 	bool stop_for_drop;
+	// Set by a session's commit of ALTER DATABASE ... SET/RESET outbox.workers: the launcher
+	// restarts the database's workers (on the slots themselves: no request list to overflow).
+	bool restart_requested;
 };
 
 // A database the launcher serves, as outbox.launcher shows it (launcher.cpp).
@@ -88,11 +94,6 @@ constexpr int kMaxDatabaseRows = 128;   // rows of outbox.launcher (databases wi
 constexpr int kMaxLauncherRequests = 16;
 constexpr int kMaxDropPauses = 8;
 
-struct LauncherRequest {
-	Oid database;
-	bool restart;
-};
-
 struct LauncherShared {
 	slock_t mutex;
 	int pid;
@@ -101,13 +102,13 @@ struct LauncherShared {
 	// Of the slots' reservations; in shared memory so that a restarted launcher never hands out
 	// a generation a worker registered by its predecessor could still be waiting with.
 	uint32 next_generation;
-	// Requests from sessions (at commit of CREATE EXTENSION / ALTER DATABASE / CREATE or DROP
-	// DATABASE): rescan pg_database, and look at these databases again now (restart: stop
-	// their workers, so that the new ones read the database's settings). Overflow: all, restart.
+	// Requests from sessions (at the commit of a statement that succeeded: CREATE EXTENSION,
+	// ALTER DATABASE, CREATE or DROP DATABASE): rescan pg_database, and look at these databases
+	// again. Overflow: look at all again. A look restarts nothing (restarts: the slots' marks).
 	bool rescan;
-	bool probe_all;
-	int n_probe;
-	LauncherRequest probe[kMaxLauncherRequests];
+	bool look_all;
+	int n_look;
+	Oid look[kMaxLauncherRequests];
 	// DROP DATABASE in progress: no worker is started for the database until `until`.
 	Oid paused[kMaxDropPauses];
 	TimestampTz paused_until[kMaxDropPauses];

@@ -943,6 +943,9 @@ Attach(int slot_number, uint32 generation) {
 	slot->extension_present = true;
 	SpinLockRelease(&slot->mutex);
 	ExitIfWorkerCountChanged();
+	SpinLockAcquire(&slot->mutex);
+	slot->count_confirmed = true;
+	SpinLockRelease(&slot->mutex);
 	WakeLauncher(); // it starts the database's other workers now
 
 	ResetDatabaseSettings();

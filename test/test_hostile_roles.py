@@ -558,6 +558,19 @@ def test_role_with_nothing_can_do_nothing(mock_cluster, make_relay):
     # outbox_relay has no LOGIN: nobody can connect as it (nor without a password, with trust).
     with pytest.raises(psycopg.OperationalError, match="not permitted to log in"):
         connect(pg, "outbox_relay").close()
+    # Nor restart it: statements that fail (in savepoints and EXCEPTION blocks, in a transaction
+    # that commits) or that create nothing tell the launcher nothing (test_launcher.py has the rest).
+    with connect(pg, "nobody", autocommit=False) as c:
+        for sql in (f"ALTER DATABASE {pg.database} SET outbox.workers = 1",
+                    "ALTER DATABASE no_such_database SET outbox.workers = 1", "CREATE EXTENSION outbox"):
+            c.execute("SAVEPOINT s")
+            with pytest.raises(psycopg.Error):
+                c.execute(sql)
+            c.execute("ROLLBACK TO SAVEPOINT s")
+        c.execute("DO $$ BEGIN ALTER DATABASE no_such_database SET outbox.workers = 1; "
+                  "EXCEPTION WHEN OTHERS THEN NULL; END $$")
+        c.execute("CREATE EXTENSION IF NOT EXISTS outbox")
+        c.commit()
 
     # While the relay publishes marked events, pg_stat_activity shows the nobody role the relay's
     # backend but never its statements' data; a superuser sees only the step's name.

@@ -10,6 +10,7 @@ import signal
 import threading
 
 import psycopg
+import pytest
 
 from harness.kafka_reader import check_delivery, read_topic
 from harness.pg_cluster import PgCluster
@@ -456,3 +457,225 @@ def test_a_database_not_looked_into_for_want_of_a_slot_is_not_said_to_want_worke
         wait_until(lambda: "postgres" in launcher_rows(pg, "db_a"), 30, "postgres shown without a slot")
         state, _, _, error = launcher_rows(pg, "db_a")["postgres"]
         assert state == "no worker slot" and "to look into it" in error and "wanted" not in error, error
+
+
+def runs(pg, db):
+    """Each relay worker of `db` as (worker, pid, started_at): a restart changes them."""
+    return pg.sql("SELECT worker, pid, started_at FROM outbox.workers ORDER BY worker", dbname=db)
+
+
+def served_after(pg, db):
+    """A request committed now, once served, shows the launcher has taken every earlier one:
+    `db` (one worker) is restarted (new pid) and runs again."""
+    before = runs(pg, db)
+    pg.sql(f"ALTER DATABASE {db} SET outbox.workers = 1", dbname="postgres")
+    wait_until(lambda: (r := runs(pg, db)) and r != before and r[0][1] is not None and running(pg, db) == 1, 60,
+               f"{db} restarted for the later request")
+
+
+def quote(text):
+    return "'" + text.replace("'", "''") + "'"
+
+
+def connect_as(pg, user, db, autocommit=False):
+    return pg.connect(db, autocommit=autocommit, user=user)
+
+
+# Every statement the utility hook looks at, each failing for a role with only CONNECT: of
+# another database, a database that does not exist (distinct names, more than any request list
+# holds), this very database, and the extension.
+FAILING_FOR_A_ROLE_WITH_ONLY_CONNECT = [
+    "ALTER DATABASE db_b SET outbox.workers = 1",
+    "ALTER DATABASE db_b RESET outbox.workers",
+    "ALTER DATABASE db_b RESET ALL",
+    "ALTER DATABASE db_b SET work_mem = '1MB'",
+    "ALTER DATABASE db_a SET outbox.workers = 1",
+    "ALTER DATABASE db_a RESET outbox.workers",
+    "ALTER DATABASE db_b RENAME TO db_x",
+    "ALTER DATABASE db_b IS_TEMPLATE true",
+    "ALTER DATABASE db_b CONNECTION LIMIT 1",
+    "ALTER DATABASE db_b OWNER TO mallory",
+    "ALTER ROLE mallory IN DATABASE db_b SET outbox.workers = 1",
+    "DROP DATABASE IF EXISTS no_such_db",  # in a transaction block: refused
+    "CREATE EXTENSION outbox",  # already exists
+    "DROP EXTENSION outbox",
+    "ALTER EXTENSION outbox UPDATE",
+] + [f"ALTER DATABASE no_such_db_{i} SET outbox.workers = 1" for i in range(20)]
+
+
+def test_a_role_with_only_connect_cannot_restart_any_relay(mock_cluster):
+    # Issue 15 item 1: the hook took a statement as done before it ran; a failing one in a
+    # savepoint or an EXCEPTION block, in a transaction that commits, restarted the relay of the
+    # database it named, and a name that does not exist (or a full request list) every database's.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+        pg.sql("ALTER DATABASE db_b SET outbox.workers = 2", dbname="postgres")
+        pg.sql("CREATE ROLE mallory LOGIN")
+        for db in ("postgres", "db_b", "db_c"):  # CONNECT on db_a only
+            pg.sql(f"REVOKE CONNECT ON DATABASE {db} FROM PUBLIC", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        wait_running(pg, "db_b", 2)
+        wait_running(pg, "db_c", 1)
+        before = {db: runs(pg, db) for db in ("db_a", "db_b")}
+        with connect_as(pg, "mallory", "db_a") as c:
+            for _ in range(3):
+                for statement in FAILING_FOR_A_ROLE_WITH_ONLY_CONNECT:
+                    c.execute("SAVEPOINT s")
+                    with pytest.raises(psycopg.Error):
+                        c.execute(statement)
+                    c.execute("ROLLBACK TO SAVEPOINT s")
+                # The same in PL/pgSQL's EXCEPTION blocks (a subtransaction each).
+                body = "".join(f"BEGIN EXECUTE {quote(s)}; EXCEPTION WHEN OTHERS THEN NULL; END; "
+                               for s in FAILING_FOR_A_ROLE_WITH_ONLY_CONNECT)
+                c.execute(f"DO $$ BEGIN {body} END $$")
+                # Statements that succeed and change nothing for the relay.
+                c.execute("CREATE EXTENSION IF NOT EXISTS outbox")
+                c.execute("ALTER ROLE mallory IN DATABASE db_b SET work_mem = '1MB'")
+                c.commit()
+        with connect_as(pg, "mallory", "db_a", autocommit=True) as c:
+            c.execute("DROP DATABASE IF EXISTS no_such_db")  # succeeds, drops nothing
+            for statement in ("DROP DATABASE db_b", "ALTER DATABASE no_such_db SET outbox.workers = 1"):
+                with pytest.raises(psycopg.Error):
+                    c.execute(statement)
+        served_after(pg, "db_c")
+        assert {db: runs(pg, db) for db in ("db_a", "db_b")} == before
+
+
+def test_only_a_committed_change_of_outbox_workers_restarts_and_only_its_database(mock_cluster):
+    # A role that may change db_b's outbox.workers (its owner, granted SET on the parameter):
+    # a change that succeeded but was rolled back (savepoint, EXCEPTION block, PREPARE
+    # TRANSACTION then ROLLBACK PREPARED) restarts nothing; a committed one restarts db_b only.
+    with cluster(mock_cluster, max_prepared_transactions="2",
+                 **{"outbox.max_workers": "6", "outbox.launcher_naptime": "'1h'"}) as pg:
+        if pg.value("SELECT current_setting('server_version_num')::int") < 150000:
+            pytest.skip("GRANT SET ON PARAMETER is PostgreSQL 15+")
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+        pg.sql("CREATE ROLE owner_b LOGIN")
+        pg.sql("ALTER DATABASE db_b OWNER TO owner_b", dbname="postgres")
+        pg.sql("GRANT SET ON PARAMETER outbox.workers TO owner_b")
+        for db in ("db_a", "db_b", "db_c"):
+            wait_running(pg, db, 1)
+        before = {db: runs(pg, db) for db in ("db_a", "db_b")}
+        change = "ALTER DATABASE db_b SET outbox.workers = 3"
+        with connect_as(pg, "owner_b", "db_b") as c:
+            c.execute("SAVEPOINT s")
+            c.execute(change)
+            c.execute("ROLLBACK TO SAVEPOINT s")
+            c.execute("SAVEPOINT outer_s")
+            c.execute("SAVEPOINT inner_s")
+            c.execute(change)
+            c.execute("RELEASE SAVEPOINT inner_s")  # into outer_s, which is rolled back
+            c.execute("ROLLBACK TO SAVEPOINT outer_s")
+            c.execute(f"DO $$ BEGIN BEGIN {change}; RAISE EXCEPTION 'undo'; "
+                      "EXCEPTION WHEN raise_exception THEN NULL; END; END $$")
+            c.commit()
+            c.execute(change)
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                c.execute("SELECT 1 / 0")  # fails after it: the whole transaction rolls back
+            c.rollback()
+            c.execute(change)
+            c.execute("PREPARE TRANSACTION 'p'")
+        pg.sql("ROLLBACK PREPARED 'p'", dbname="db_b")
+        served_after(pg, "db_c")
+        assert {db: runs(pg, db) for db in ("db_a", "db_b")} == before
+        assert pg.value("SELECT count(*) FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase "
+                        "WHERE d.datname = 'db_b'") == 0
+        # Committed through a released savepoint: db_b restarts with 3, db_a not at all.
+        with connect_as(pg, "owner_b", "db_b") as c:
+            c.execute("SAVEPOINT s")
+            c.execute(change)
+            c.execute("RELEASE SAVEPOINT s")
+            c.commit()
+        wait_running(pg, "db_b", 3)
+        assert runs(pg, "db_a") == before["db_a"]
+
+
+def test_requests_beyond_every_list_look_again_but_restart_only_what_changed(mock_cluster):
+    # More databases in one transaction, and more sessions at once, than the launcher's request
+    # list holds (the launcher is stopped meanwhile, so that they pile up): the overflow may make
+    # it look at every database again, never restart one whose count did not change; the one
+    # whose count did change is restarted, not lost in the overflow.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        for db in ("db_a", "db_b", "db_c"):
+            add_database(pg, mock_cluster, db)
+        names = [f"plain_{i}" for i in range(20)]
+        for name in names:
+            pg.sql(f"CREATE DATABASE {name}", dbname="postgres")
+        for db in ("db_a", "db_b", "db_c"):
+            wait_running(pg, db, 1)
+        before = runs(pg, "db_a")
+        launcher = pg.value("SELECT pid FROM pg_stat_activity WHERE backend_type = 'outbox launcher'")
+        os.kill(launcher, signal.SIGSTOP)
+        try:
+            with pg.connect("postgres", autocommit=False) as c:
+                for name in names:
+                    c.execute(f"ALTER DATABASE {name} SET outbox.workers = 1")
+                c.execute("ALTER DATABASE db_b SET outbox.workers = 2")
+                c.commit()
+            sessions = [pg.connect("postgres", autocommit=False) for _ in names]
+            try:
+                for c, name in zip(sessions, names):
+                    c.execute(f"ALTER DATABASE {name} RESET outbox.workers")
+                for c in sessions:
+                    c.commit()
+            finally:
+                for c in sessions:
+                    c.close()
+        finally:
+            os.kill(launcher, signal.SIGCONT)
+        wait_running(pg, "db_b", 2)
+        served_after(pg, "db_c")
+        assert runs(pg, "db_a") == before
+
+
+def test_a_restart_keeps_the_database_slots_from_a_waiting_database(mock_cluster):
+    # Issue 15 item 2: CREATE EXTENSION IF NOT EXISTS (any role that may connect: "already
+    # exists, skipping" comes before any privilege check) restarted a database with its own
+    # outbox.workers; and with the budget contended, a restarted database lost its slots to a
+    # waiting one and stayed at 0 workers.
+    with cluster(mock_cluster, **{"outbox.max_workers": "3", "outbox.launcher_naptime": "'1h'"}) as pg:
+        add_database(pg, mock_cluster, "db_a")
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 2", dbname="postgres")
+        wait_running(pg, "db_a", 2)
+        add_database(pg, mock_cluster, "db_c")
+        wait_running(pg, "db_c", 1)
+        add_database(pg, mock_cluster, "db_w")
+        wait_until(lambda: launcher_rows(pg, "db_a").get("db_w", ("",))[0] == "no worker slot", 30,
+                   "db_w waiting for a slot")
+        pg.sql("CREATE ROLE mallory LOGIN")
+        before = runs(pg, "db_a")
+        with connect_as(pg, "mallory", "db_a") as c:
+            for _ in range(20):
+                c.execute("CREATE EXTENSION IF NOT EXISTS outbox")
+                c.execute("SAVEPOINT s")
+                with pytest.raises(psycopg.errors.DuplicateObject):
+                    c.execute("CREATE EXTENSION outbox")
+                c.execute("ROLLBACK TO SAVEPOINT s")
+            c.commit()
+        with connect_as(pg, "mallory", "db_a", autocommit=True) as c:
+            c.execute("CREATE EXTENSION IF NOT EXISTS outbox")
+        served_after(pg, "db_c")  # db_c restarted: it keeps its slot, db_w still waits
+        assert runs(pg, "db_a") == before
+        assert launcher_rows(pg, "db_a")["db_w"][0] == "no worker slot"
+
+        # A restart the launcher decides (its count set again: worker 0 starts alone with the
+        # probe count, then all of them with 2) keeps both of db_a's slots throughout.
+        pg.sql("ALTER DATABASE db_a SET outbox.workers = 2", dbname="postgres")
+        wait_until(lambda: (r := runs(pg, "db_a")) != before and len(r) == 2 and all(x[1] for x in r)
+                   and running(pg, "db_a") == 2, 60, "db_a restarted with both workers")
+        rows = launcher_rows(pg, "db_a")
+        assert rows["db_a"][:3] == ("running", 2, 2) and rows["db_w"][0] == "no worker slot", rows
+        assert running(pg, "db_w") == 0
+
+        # A worker that stops by itself: the database's other worker stops too and both start
+        # again on the slots it kept (before, worker 1's slot went to db_w, and its lanes waited).
+        pid = runs(pg, "db_a")[1][1]
+        assert pg.value("SELECT pg_terminate_backend(%s)", (pid,))
+        wait_until(lambda: (r := runs(pg, "db_a")) and len(r) == 2 and all(x[1] for x in r) and pid not in
+                   [x[1] for x in r] and running(pg, "db_a") == 2, 60, "db_a's two workers back")
+        assert launcher_rows(pg, "db_a")["db_w"][0] == "no worker slot"
+        for i in range(20):
+            pg.sql("SELECT outbox.enqueue('db_a', %s, 'x'::text)", (f"k{i}",), dbname="db_a")
+        wait_all_published(pg, "db_a")
