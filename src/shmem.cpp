@@ -193,6 +193,17 @@ SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error) {
 	slot->state = state;
 	strlcpy(slot->last_error, error, sizeof(slot->last_error));
 	slot->last_error_at = now;
+	slot->recovered_at = 0;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+NoteCycleSucceeded(WorkerSlot *slot, TimestampTz cycle_start) {
+	TimestampTz now = GetCurrentTimestamp();
+	SpinLockAcquire(&slot->mutex);
+	if (slot->last_error_at != 0 && slot->last_error_at < cycle_start && slot->recovered_at == 0) {
+		slot->recovered_at = now;
+	}
 	SpinLockRelease(&slot->mutex);
 }
 

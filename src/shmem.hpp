@@ -41,6 +41,8 @@ struct WorkerSlot {
 	TimestampTz last_error_at;
 	TimestampTz last_publish_at;
 	char last_error[256];
+	// When a cycle first succeeded after last_error (0: no error yet, or it is still current).
+	TimestampTz recovered_at;
 	WorkerMetrics metrics; // outbox.worker_metrics()
 	// Written by the launcher when it reserves the slot (database InvalidOid: free): worker
 	// `index` of `n_workers` of that database. `generation` changes with every reservation, so a
@@ -147,5 +149,8 @@ void WakeWorkers(Oid db, const LaneMask &lanes);
 
 void SetWorkerState(WorkerSlot *slot, WorkerState state);
 void SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error);
+// A cycle begun at `cycle_start` ended without an error: an error set before it is stale now
+// (outbox.workers.recovered_at). An error set during the cycle stays current.
+void NoteCycleSucceeded(WorkerSlot *slot, TimestampTz cycle_start);
 
 } // namespace outbox

@@ -1070,10 +1070,14 @@ RelayMain(Datum arg) {
 			if (next_retry >= 0 && next_retry < sleep_ms) {
 				sleep_ms = long(next_retry) + 1;
 			}
+			NoteCycleSucceeded(slot, now); // claimed with the broker reachable: nothing wrong
 			WaitFor(sleep_ms);
 			continue;
 		}
 		RunBatch(batch);
+		if (backoff_until <= now) {
+			NoteCycleSucceeded(slot, now); // a batch that errs sets last_error or a backoff
+		}
 	}
 
 	SetWorkerState(slot, WorkerState::Stopped);
