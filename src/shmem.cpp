@@ -43,6 +43,7 @@ StartupMemory() {
 		memset(shared, 0, SharedSize());
 		for (int i = 0; i < kMaxSlots; i++) {
 			SpinLockInit(&shared->slots[i].mutex);
+			pg_atomic_init_u32(&shared->slots[i].wake_requested, 0);
 		}
 		SpinLockInit(&shared->launcher.mutex);
 		for (uint32 i = 0; i < kOrderStripes; i++) {
@@ -115,9 +116,15 @@ WakeWorkers(Oid db, const LaneMask &lanes) {
 		// A stale latch (worker just exited) belongs to some other PGPROC: a spurious wake-up is
 		// harmless, every latch user re-checks its condition.
 		if (owns) {
-			SetLatch(latch);
+			pg_atomic_write_u32(&slot->wake_requested, 1);
+			SetLatch(latch); // a barrier: the worker that sees the latch set sees the request
 		}
 	}
+}
+
+bool
+TakeWakeRequest(WorkerSlot *slot) {
+	return pg_atomic_exchange_u32(&slot->wake_requested, 0) != 0;
 }
 
 const char *

@@ -33,6 +33,9 @@ struct WorkerSlot {
 	slock_t mutex;
 	int pid;
 	Latch *latch;
+	// Set (before the latch) by WakeWorkers: the worker's idle sleep ends for this, not for any
+	// latch set (PostgreSQL's SIGALRM handler sets the latch too, also for a disarmed timer).
+	pg_atomic_uint32 wake_requested;
 	WorkerState state;
 	BrokerState broker;
 	uint64 published;
@@ -146,6 +149,9 @@ struct LaneMask {
 // Sets the latch of each worker of database `db` that owns one of the lanes. Safe in a
 // transaction callback (no ERROR).
 void WakeWorkers(Oid db, const LaneMask &lanes);
+
+// Whether WakeWorkers asked this slot's worker to look at the table since the last call.
+bool TakeWakeRequest(WorkerSlot *slot);
 
 void SetWorkerState(WorkerSlot *slot, WorkerState state);
 void SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error);

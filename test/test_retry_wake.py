@@ -3,12 +3,21 @@ commits (not at the call, not at a rollback), so a retried event is published at
 than at the next poll; and outbox.workers tells a stale last_error from a current one
 (recovered_at)."""
 
+import pytest
+
 from harness.kafka_reader import read_topic
-from harness.wait import wait_until
+from harness.wait import Timeout, wait_until
 
 # Far longer than any deadline below: an event published within DEADLINE was woken for, not polled.
 LONG_POLL = "10min"
 DEADLINE = 20
+# How long a sleeping worker is watched for a claim it must not make (six of the half-second
+# wake-ups the relay used to have).
+QUIET = 3
+
+
+def claim_count(pg):
+    return pg.value("SELECT sum(claim_seconds_count) FROM outbox.worker_metrics")
 
 
 def failed_events(pg, topic, keys):
@@ -36,27 +45,41 @@ def barrier(pg, topic):
                DEADLINE, "the barrier event published")
 
 
+def wait_asleep(pg, workers):
+    """Every worker in its idle sleep (state idle, in a latch wait): only its latch or
+    outbox.poll_interval ends it now."""
+    asleep = """SELECT count(*) FROM outbox.workers w JOIN pg_stat_activity a ON a.pid = w.pid
+                WHERE w.state = 'idle' AND a.wait_event_type = 'Extension'"""
+    wait_until(lambda: pg.value(asleep) == workers, DEADLINE, f"{workers} workers asleep")
+
+
 def test_retry_wakes_the_relay_at_commit_not_before(mock_cluster, make_relay):
     # One worker: it owns every lane, so the barrier's wake-up is a cycle over the retried rows too.
     pg = make_relay(mock_cluster.bootstrap, poll_interval=LONG_POLL)
     pg.wait_workers_running(1)
     retried, rolled_back = failed_events(pg, "billing", ["k1", "k2"])
-    barrier(pg, "orders")  # the relay has looked at the table since: it sleeps for the poll now
+    barrier(pg, "orders")  # the relay has looked at the table since
 
     with pg.connect(autocommit=False) as c:
         assert c.execute("SELECT outbox.retry(%s)", (retried,)).fetchone()[0] == 1
         # Open: a relay cycle after the call does not see the retry.
         barrier(pg, "orders")
+        wait_asleep(pg, 1)
         assert statuses(pg, [retried]) == ["failed"]
         c.commit()
     wait_until(lambda: statuses(pg, [retried]) == ["published"], DEADLINE,
                f"the retried event published well within outbox.poll_interval = {LONG_POLL}")
 
-    # A rollback retries (and publishes) nothing.
+    # A rollback retries nothing and wakes nothing: the sleeping worker claims nothing for a
+    # while. (It used to claim every half second, whatever outbox.poll_interval, woken by
+    # PostgreSQL's own SIGALRM handler setting its latch: with that, no retry needed a wake-up.)
+    wait_asleep(pg, 1)
+    claims = claim_count(pg)
     with pg.connect(autocommit=False) as c:
         assert c.execute("SELECT outbox.retry(%s)", (rolled_back,)).fetchone()[0] == 1
         c.rollback()
-    barrier(pg, "orders")
+    with pytest.raises(Timeout):
+        wait_until(lambda: claim_count(pg) > claims, QUIET, "a claim of the sleeping worker")
     assert statuses(pg, [rolled_back]) == ["failed"]
     ids = {r.event_id for r in read_topic(mock_cluster.bootstrap, "billing", 1, settle=True)}
     assert ids == {retried}
@@ -72,7 +95,7 @@ def test_retry_failed_wakes_every_worker_at_commit(mock_cluster, make_relay):
     # Lane l belongs to worker l % workers: both workers own some of the failed events.
     assert pg.value("SELECT count(DISTINCT lane %% %s) FROM outbox.events WHERE event_id = ANY(%s::uuid[])",
                     (workers, ids)) == workers
-    barrier(pg, "orders")
+    wait_asleep(pg, workers)
 
     with pg.connect(autocommit=False) as c:
         assert c.execute("SELECT outbox.retry_failed('billing')").fetchone()[0] == len(ids)
