@@ -41,6 +41,11 @@ SELECT * FROM outbox.backlog;
 SELECT outbox.purge(interval '0');
 SELECT outbox.retry_failed();
 UPDATE outbox.events SET status = 'published';
+-- Nor call the function the retry functions wake the relay with (to wake it in a loop).
+SELECT outbox.wake_relay_at_commit();
+RESET ROLE;
+SET ROLE outbox_test_nobody;
+SELECT outbox.wake_relay_at_commit();
 RESET ROLE;
 
 -- The monitoring role reads the views, not the table, and cannot enqueue.

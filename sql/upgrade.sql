@@ -1,4 +1,4 @@
--- The upgrade path exists: at 0.1.0 an update is a no-op; DROP EXTENSION cleans up.
+-- The upgrade path exists: at the newest version an update is a no-op; DROP EXTENSION cleans up.
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
@@ -45,5 +45,35 @@ REVOKE ALL ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, t
 -- from PostgreSQL 17 on, only DROP OWNED BY lets the role go (README "Upgrading").
 DROP OWNED BY outbox_test_upgrade_app;
 DROP ROLE outbox_test_upgrade_app;
+
+-- 0.2.0 -> 0.3.0: outbox.workers gains recovered_at after its columns (unchanged); the rights on
+-- the view and on worker_status(), which are created anew, carry over; the retry functions wake
+-- the relay through a function nobody may call directly.
+CREATE ROLE outbox_test_upgrade_monitor;
+GRANT USAGE ON SCHEMA outbox TO outbox_test_upgrade_monitor;
+GRANT SELECT ON outbox.workers TO outbox_test_upgrade_monitor;
+GRANT EXECUTE ON FUNCTION outbox.worker_status() TO outbox_test_upgrade_monitor WITH GRANT OPTION;
+ALTER EXTENSION outbox UPDATE TO '0.3.0';
+SELECT extversion FROM pg_extension WHERE extname = 'outbox';
+SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
+WHERE attrelid = 'outbox.workers'::regclass AND attnum > 0 ORDER BY attnum;
+SELECT has_table_privilege('outbox_test_upgrade_monitor', 'outbox.workers', 'SELECT') AS monitor_view,
+       has_function_privilege('outbox_test_upgrade_monitor', 'outbox.worker_status()', 'EXECUTE WITH GRANT OPTION') AS monitor_function,
+       has_table_privilege('public', 'outbox.workers', 'SELECT') AS public_view,
+       has_function_privilege('public', 'outbox.worker_status()', 'EXECUTE') AS public_function;
+SELECT p.oid::regprocedure AS function, p.prosecdef AS security_definer, p.proconfig,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public,
+       has_function_privilege('outbox_test_upgrade_monitor', p.oid, 'EXECUTE') AS monitor
+FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND p.proname IN ('retry', 'retry_failed', 'wake_relay_at_commit')
+ORDER BY p.oid::regprocedure::text;
+SET ROLE outbox_test_upgrade_monitor;
+SELECT count(*) AS workers FROM outbox.workers;
+RESET ROLE;
+SELECT current_setting('outbox_upgrade.workers_acl', true) AS left_behind;
+-- The failed row of 0.1.0 is retried by 0.3.0's function.
+SELECT outbox.retry_failed() AS retried;
+SELECT status, attempts FROM outbox.events WHERE key IS NULL;
+DROP OWNED BY outbox_test_upgrade_monitor;
+DROP ROLE outbox_test_upgrade_monitor;
 -- The extension is not relocatable.
 ALTER EXTENSION outbox SET SCHEMA public;

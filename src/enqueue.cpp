@@ -4,6 +4,7 @@
 #include "cloudevent_attributes.hpp"
 #include "cloudevents.hpp"
 #include "commit_order.hpp"
+#include "commit_wake.hpp"
 #include "guc.hpp"
 #include "kafka_names.hpp"
 #include "shmem.hpp"
@@ -14,36 +15,6 @@ namespace {
 enum class PayloadKind { Jsonb, Text, Bytea };
 
 constexpr int64 kHeaderFramingBytes = 10;
-
-// Lanes this transaction wrote to: at commit, the workers of this database owning them are woken.
-outbox::LaneMask wake_lanes = {};
-bool xact_callback_registered = false;
-
-void
-OnTransactionEnd(XactEvent event, void *) {
-	switch (event) {
-	case XACT_EVENT_COMMIT:
-	case XACT_EVENT_PARALLEL_COMMIT:
-		// Called after the commit is visible to other snapshots: the woken worker sees the rows.
-		outbox::WakeWorkers(MyDatabaseId, wake_lanes);
-		wake_lanes = {};
-		break;
-	case XACT_EVENT_ABORT:
-	case XACT_EVENT_PARALLEL_ABORT:
-	case XACT_EVENT_PREPARE:
-		// A prepared transaction does not wake the relay when COMMIT PREPARED runs later; the
-		// poll interval picks its events up (README "Settings": outbox.poll_interval).
-		wake_lanes = {};
-		break;
-	default:
-		break;
-	}
-}
-
-extern "C" void
-outbox_xact_callback(XactEvent event, void *arg) {
-	outbox::CallFromPostgres("outbox_xact_callback", OnTransactionEnd, event, arg);
-}
 
 void
 InvalidInput(int sqlstate, const char *message, const char *detail, const char *hint) {
@@ -525,11 +496,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	if (commit_order) {
 		outbox::NoteKeyedRow(topic, key, id, order_lsn);
 	}
-	if (!xact_callback_registered) {
-		RegisterXactCallback(outbox_xact_callback, nullptr);
-		xact_callback_registered = true;
-	}
-	wake_lanes.bits[lane / 64] |= uint64(1) << (lane % 64);
+	outbox::WakeLaneAtCommit(lane);
 	PG_RETURN_UUID_P(event_id);
 }
 

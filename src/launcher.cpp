@@ -126,6 +126,7 @@ ReserveSlot(int s, const Database &db, int index, int n_workers) {
 	slot->started_at = 0;
 	slot->last_error[0] = '\0';
 	slot->last_error_at = 0;
+	slot->recovered_at = 0;
 	slot->last_publish_at = 0;
 	SpinLockRelease(&slot->mutex);
 }

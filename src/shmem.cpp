@@ -43,6 +43,7 @@ StartupMemory() {
 		memset(shared, 0, SharedSize());
 		for (int i = 0; i < kMaxSlots; i++) {
 			SpinLockInit(&shared->slots[i].mutex);
+			pg_atomic_init_u32(&shared->slots[i].wake_requested, 0);
 		}
 		SpinLockInit(&shared->launcher.mutex);
 		for (uint32 i = 0; i < kOrderStripes; i++) {
@@ -115,9 +116,15 @@ WakeWorkers(Oid db, const LaneMask &lanes) {
 		// A stale latch (worker just exited) belongs to some other PGPROC: a spurious wake-up is
 		// harmless, every latch user re-checks its condition.
 		if (owns) {
-			SetLatch(latch);
+			pg_atomic_write_u32(&slot->wake_requested, 1);
+			SetLatch(latch); // a barrier: the worker that sees the latch set sees the request
 		}
 	}
+}
+
+bool
+TakeWakeRequest(WorkerSlot *slot) {
+	return pg_atomic_exchange_u32(&slot->wake_requested, 0) != 0;
 }
 
 const char *
@@ -193,6 +200,17 @@ SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error) {
 	slot->state = state;
 	strlcpy(slot->last_error, error, sizeof(slot->last_error));
 	slot->last_error_at = now;
+	slot->recovered_at = 0;
+	SpinLockRelease(&slot->mutex);
+}
+
+void
+NoteCycleSucceeded(WorkerSlot *slot, TimestampTz cycle_start) {
+	TimestampTz now = GetCurrentTimestamp();
+	SpinLockAcquire(&slot->mutex);
+	if (slot->last_error_at != 0 && slot->last_error_at < cycle_start && slot->recovered_at == 0) {
+		slot->recovered_at = now;
+	}
 	SpinLockRelease(&slot->mutex);
 }
 

@@ -33,6 +33,9 @@ struct WorkerSlot {
 	slock_t mutex;
 	int pid;
 	Latch *latch;
+	// Set (before the latch) by WakeWorkers: the worker's idle sleep ends for this, not for any
+	// latch set (PostgreSQL's SIGALRM handler sets the latch too, also for a disarmed timer).
+	pg_atomic_uint32 wake_requested;
 	WorkerState state;
 	BrokerState broker;
 	uint64 published;
@@ -41,6 +44,8 @@ struct WorkerSlot {
 	TimestampTz last_error_at;
 	TimestampTz last_publish_at;
 	char last_error[256];
+	// When a cycle first succeeded after last_error (0: no error yet, or it is still current).
+	TimestampTz recovered_at;
 	WorkerMetrics metrics; // outbox.worker_metrics()
 	// Written by the launcher when it reserves the slot (database InvalidOid: free): worker
 	// `index` of `n_workers` of that database. `generation` changes with every reservation, so a
@@ -146,7 +151,13 @@ struct LaneMask {
 // transaction callback (no ERROR).
 void WakeWorkers(Oid db, const LaneMask &lanes);
 
+// Whether WakeWorkers asked this slot's worker to look at the table since the last call.
+bool TakeWakeRequest(WorkerSlot *slot);
+
 void SetWorkerState(WorkerSlot *slot, WorkerState state);
 void SetWorkerError(WorkerSlot *slot, WorkerState state, const char *error);
+// A cycle begun at `cycle_start` ended without an error: an error set before it is stale now
+// (outbox.workers.recovered_at). An error set during the cycle stays current.
+void NoteCycleSucceeded(WorkerSlot *slot, TimestampTz cycle_start);
 
 } // namespace outbox

@@ -84,17 +84,27 @@ LogOnce(int level, const char *message) {
 	ereport(level, (errmsg("outbox relay %d: %s", worker_index, message)));
 }
 
-// Sleeps until the latch is set (an enqueue committed, SIGHUP, SIGTERM) or `ms` pass.
+// One latch wait of at most `ms`.
 void
-WaitFor(long ms) {
-	if (ms < 0) {
-		ms = 0;
-	}
+SleepOnLatch(long ms) {
 	int rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, ms, WaitEventOf(WaitPoint::Idle));
 	if (rc & WL_LATCH_SET) {
 		ResetLatch(MyLatch);
 	}
 	CHECK_FOR_INTERRUPTS();
+}
+
+// Sleeps until a wake-up (an enqueue or retry committed, DROP EXTENSION), SIGHUP, SIGTERM, or
+// `ms` pass. Any other latch set sleeps on: PostgreSQL's SIGALRM handler sets the latch, also for
+// the statement timers this worker armed and disarmed (timeout.c leaves the alarm running), which
+// made an idle worker claim every half second whatever outbox.poll_interval said.
+void
+WaitFor(long ms) {
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), Max(ms, 0L));
+	for (long left; !TakeWakeRequest(slot) && !ConfigReloadPending && !ShutdownRequestPending &&
+	                (left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until)) > 0;) {
+		SleepOnLatch(left);
+	}
 }
 
 // After an ERROR: a full pause, not cut short by the latch (every committed enqueue sets it), so
@@ -103,7 +113,7 @@ void
 PauseAfterError() {
 	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), kErrorPauseMs);
 	for (long left; !ShutdownRequestPending && (left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until)) > 0;) {
-		WaitFor(left);
+		SleepOnLatch(left);
 	}
 }
 
@@ -1075,10 +1085,14 @@ RelayMain(Datum arg) {
 			if (next_retry >= 0 && next_retry < sleep_ms) {
 				sleep_ms = long(next_retry) + 1;
 			}
+			NoteCycleSucceeded(slot, now); // claimed with the broker reachable: nothing wrong
 			WaitFor(sleep_ms);
 			continue;
 		}
 		RunBatch(batch);
+		if (backoff_until <= now) {
+			NoteCycleSucceeded(slot, now); // a batch that errs sets last_error or a backoff
+		}
 	}
 
 	SetWorkerState(slot, WorkerState::Stopped);

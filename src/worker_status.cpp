@@ -7,7 +7,9 @@
 
 namespace {
 
-constexpr int kColumns = 10;
+// 0.3.0 added recovered_at at the end; a 0.2.0 schema (before ALTER EXTENSION UPDATE) declares
+// the first ten, and gets those.
+constexpr int kColumns = 11;
 constexpr int kLauncherColumns = 7;
 
 Datum
@@ -41,6 +43,10 @@ OUTBOX_SQL_FUNCTION(outbox_worker_status) {
 	TupleDesc desc = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo)->setDesc;
 	if (outbox::shared == nullptr) {
 		return Datum(0);
+	}
+	if (desc->natts != kColumns && desc->natts != kColumns - 1) {
+		elog(ERROR, "outbox.worker_status() declares %d columns, this library returns %d: run ALTER EXTENSION "
+		            "outbox UPDATE", desc->natts, kColumns);
 	}
 	outbox::WorkerSlot copies[outbox::kMaxWorkers];
 	bool have[outbox::kMaxWorkers] = {false};
@@ -89,6 +95,7 @@ OUTBOX_SQL_FUNCTION(outbox_worker_status) {
 		values[7] = TimestampOrNull(copy.last_publish_at, &nulls[7]);
 		values[8] = CStringGetTextDatum(outbox::BrokerStateName(copy.broker));
 		values[9] = TimestampOrNull(copy.started_at, &nulls[9]);
+		values[10] = TimestampOrNull(copy.recovered_at, &nulls[10]);
 		tuplestore_putvalues(store, desc, values, nulls);
 	}
 	return Datum(0);

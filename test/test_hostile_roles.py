@@ -447,6 +447,8 @@ def test_app_role_cannot_read_change_or_stop_anything(app_relay):
                 "SELECT * FROM outbox.workers", "SELECT * FROM outbox.worker_status()",
                 "SELECT outbox.purge(interval '0')", "CALL outbox.purge_all(interval '0')",
                 f"SELECT outbox.retry('{eid}')", "SELECT outbox.retry_failed()",
+                # (to wake the relay in a loop: only the retry functions may)
+                "SELECT outbox.wake_relay_at_commit()",
                 "SELECT outbox.lane_of('k', NULL)", "SHOW outbox.kafka_properties",
                 "SELECT current_setting('outbox.kafka_properties')", "SET outbox.max_payload_bytes = '100MB'",
                 "SET ROLE outbox_relay", "SELECT nextval('outbox.events_id_seq')"):
@@ -552,7 +554,8 @@ def test_role_with_nothing_can_do_nothing(mock_cluster, make_relay):
     for sql in ("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb)",
                 "SELECT outbox.event_id('a', 'b')", "SELECT * FROM outbox.workers",
                 "SELECT * FROM outbox.backlog", "SELECT * FROM outbox.failed", "SELECT * FROM outbox.worker_status()",
-                "SELECT count(*) FROM outbox.events", "SET ROLE outbox_relay", "SHOW outbox.kafka_properties"):
+                "SELECT count(*) FROM outbox.events", "SET ROLE outbox_relay", "SHOW outbox.kafka_properties",
+                "SELECT outbox.wake_relay_at_commit()"):
         refused(pg, "nobody", sql)
     assert_cannot_signal_the_worker(pg, "nobody", pid)
     # outbox_relay has no LOGIN: nobody can connect as it (nor without a password, with trust).
@@ -624,7 +627,7 @@ def test_nothing_in_schema_outbox_is_granted_to_public_and_relay_role_has_exactl
                     "VALUES (gen_random_uuid(), 'billing', 'k', outbox.lane_of('k', NULL))",
                     "SELECT outbox.enqueue('billing', 'k', '{}'::jsonb)", "TRUNCATE outbox.events",
                     "SELECT outbox.purge(interval '0')", "SELECT outbox.retry_failed()",
-                    "SELECT * FROM outbox.backlog", "SELECT nextval('outbox.events_id_seq')",
+                    "SELECT outbox.wake_relay_at_commit()", "SELECT * FROM outbox.backlog", "SELECT nextval('outbox.events_id_seq')",
                     "CREATE TABLE outbox.mine (id int)", "CREATE TABLE public.mine (id int)",
                     "SHOW outbox.kafka_properties"):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

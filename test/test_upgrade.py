@@ -1,16 +1,20 @@
-"""Upgrading the schema under a running relay (issue 9 item 7): a library newer than the
-installed schema publishes nothing and says why; `ALTER EXTENSION outbox UPDATE` from 0.1.0,
-with events pending and failed and an application still enqueueing, ends with every event in
-Kafka exactly once and in per-(topic, key) order; and the updated schema is a fresh install's."""
+"""Upgrading the schema under a running relay (issue 9 item 7, issue 17 item 5): a library newer
+than the installed schema publishes nothing and says why; `ALTER EXTENSION outbox UPDATE` from
+each released version, with events pending, failed and published and an application still
+enqueueing, ends with every event in Kafka exactly once and in per-(topic, key) order; and the
+updated schema is a fresh install's."""
 
 import re
 import threading
 
+import pytest
+
 from harness.kafka_reader import read_topic
 from harness.wait import wait_until
 
-OLD_VERSION = "0.1.0"
-NEW_VERSION = "0.2.0"
+# Every released version an update starts from (0.1.0 goes through 0.2.0).
+OLD_VERSIONS = ("0.1.0", "0.2.0")
+NEW_VERSION = "0.3.0"
 TOPICS = ("billing", "orders")  # made by the mock_cluster fixture
 KEYS = 6
 # What a worker says while the schema is older than its library (the relay waits, publishing
@@ -87,34 +91,38 @@ def extension_version(pg, dbname=None):
     return pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=dbname)
 
 
-def wait_for_update_notice(pg, workers):
-    """Every worker waiting for the update: its state, and the version and the command in its
+def wait_for_update_notice(pg, workers, old_version):
+    """Every worker waiting for the update: its state, and both versions and the command in its
     last_error."""
     seen = []
 
     def waiting():
         seen[:] = pg.workers()
         return len(seen) == workers and all(
-            r[2] == WAITING_STATE and r[5] and WAITING_HINT in r[5] and OLD_VERSION in r[5] for r in seen)
+            r[2] == WAITING_STATE and r[5] and WAITING_HINT in r[5] and old_version in r[5] and NEW_VERSION in r[5]
+            for r in seen)
     try:
         wait_until(waiting, 30, "workers waiting for the update")
     except AssertionError:
-        raise AssertionError(f"want every worker {WAITING_STATE!r} with {WAITING_HINT!r} and {OLD_VERSION!r} "
-                             f"in last_error; outbox.workers: {seen}") from None
+        raise AssertionError(f"want every worker {WAITING_STATE!r} with {WAITING_HINT!r}, {old_version!r} and "
+                             f"{NEW_VERSION!r} in last_error; outbox.workers: {seen}") from None
 
 
 def untouched_by_relay(pg):
     """Nothing claimed, published or charged an attempt since the test wrote the rows."""
-    return pg.sql("""SELECT count(*) FILTER (WHERE status NOT IN ('pending', 'failed') OR claimed_at IS NOT NULL
-                                             OR published_at IS NOT NULL OR kafka_offset IS NOT NULL),
+    return pg.sql("""SELECT count(*) FILTER (WHERE status NOT IN ('pending', 'failed', 'published')
+                                             OR claimed_at IS NOT NULL
+                                             OR (status <> 'published' AND (published_at IS NOT NULL
+                                                                            OR kafka_offset IS NOT NULL))),
                             count(*) FILTER (WHERE status = 'pending' AND attempts <> 0)
                      FROM outbox.events""")[0] == (0, 0)
 
 
-def test_update_under_running_relay_publishes_every_event_once_in_order(mock_cluster, make_relay):
+@pytest.mark.parametrize("old_version", OLD_VERSIONS)
+def test_update_under_running_relay_publishes_every_event_once_in_order(mock_cluster, make_relay, old_version):
     workers = 2
     pg = make_relay(mock_cluster.bootstrap, workers=workers, create_extension=False, max_attempts=3)
-    pg.sql(f"CREATE EXTENSION outbox VERSION '{OLD_VERSION}'")
+    pg.sql(f"CREATE EXTENSION outbox VERSION '{old_version}'")
     pg.wait_workers_running(workers)
     enqueued = Enqueued()
 
@@ -130,30 +138,40 @@ def test_update_under_running_relay_publishes_every_event_once_in_order(mock_clu
               enqueued.by_stream[("orders", "k3")][0], enqueued.by_stream[("billing", None)][0]]
     pg.sql("UPDATE outbox.events SET status = 'failed', attempts = 3, last_error = 'INVALID_RECORD (written by the test)' "
            "WHERE event_id = ANY(%s::uuid[])", (failed,))
+    # Published events, as the old relay would have left them (also written directly): the first
+    # events of two keys. Already in Kafka as far as the relay knows: never sent again.
+    published_before = enqueued.by_stream[("billing", "k4")][:2] + enqueued.by_stream[("orders", "k5")][:1]
+    pg.sql("UPDATE outbox.events SET status = 'published', published_at = now(), kafka_partition = 0, "
+           "kafka_offset = 1000000 + id WHERE event_id = ANY(%s::uuid[])", (published_before,))
 
     # 2. The library is newer than the schema: the relay waits and says what to run.
     app = Enqueuer(pg, 120, enqueued)
     app.start()
     try:
-        wait_for_update_notice(pg, workers)
+        wait_for_update_notice(pg, workers, old_version)
         # Every enqueue commit wakes a worker: it looked at the table again and still left it alone.
-        wait_until(lambda: app.count >= 20, 30, "the application enqueueing on 0.1.0")
+        wait_until(lambda: app.count >= 20, 30, f"the application enqueueing on {old_version}")
         assert untouched_by_relay(pg)
         for i in range(workers):
-            old, hint = re.escape(OLD_VERSION), re.escape(WAITING_HINT)
-            assert re.search(rf"outbox relay {i}: .*({old}.*{hint}|{hint}.*{old})", pg.log()), \
-                f"no log line of worker {i} naming {OLD_VERSION} and {WAITING_HINT}"
+            old, new, hint = re.escape(old_version), re.escape(NEW_VERSION), re.escape(WAITING_HINT)
+            assert re.search(rf"outbox relay {i}: .*{old}.*{new}.*{hint}", pg.log()), \
+                f"no log line of worker {i} naming {old_version}, {NEW_VERSION} and {WAITING_HINT}"
 
-        # 3. The update, while the relay runs and the application enqueues: held open until an
-        # enqueue is waiting for it, so some enqueue certainly lands on the table mid-update.
-        # (Nothing can read or write the table while the update holds it: no check in between.)
+        # 3. The update, while the relay runs and the application enqueues, held open until some
+        # enqueue certainly lands mid-update. From 0.1.0 the update alters the table: an enqueue
+        # waits for it (nothing can read or write the table meanwhile: no check in between).
+        # From 0.2.0 it leaves the table alone: enqueues go on committing while it is open.
         with pg.connect(autocommit=False) as updater:
             updater.execute("ALTER EXTENSION outbox UPDATE")
-            wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                        (app.pid,)) == "Lock", 30, "an enqueue waiting for the update")
+            if old_version == "0.1.0":
+                wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                            (app.pid,)) == "Lock", 30, "an enqueue waiting for the update")
+            else:
+                count_at_open = app.count
+                wait_until(lambda: app.count >= count_at_open + 20, 30, "enqueues committing during the update")
             updater.commit()
         count_at_update = app.count
-        wait_until(lambda: app.count >= count_at_update + 30, 30, "the application enqueueing on 0.2.0")
+        wait_until(lambda: app.count >= count_at_update + 30, 30, f"the application enqueueing on {NEW_VERSION}")
     finally:
         app.finish()
     assert extension_version(pg) == NEW_VERSION
@@ -185,9 +203,16 @@ def test_update_under_running_relay_publishes_every_event_once_in_order(mock_clu
     pg.wait_published(len(enqueued), timeout=120)
     assert dict(pg.sql("SELECT status, count(*) FROM outbox.events GROUP BY status")) == {"published": len(enqueued)}
 
-    # 6. Kafka: every event exactly once, each (topic, key) in enqueue order. A retried event
-    # keeps its place: its key's later events waited behind it (block_key), so a consumer sees
-    # the key's events in the order they were enqueued, as if the event had never failed.
+    # The events published before the update kept their rows (not sent again, below).
+    assert pg.sql("SELECT count(*) FROM outbox.events WHERE event_id = ANY(%s::uuid[]) AND kafka_offset >= 1000000",
+                  (published_before,)) == [(len(published_before),)]
+
+    # 6. Kafka: every event not published before the update exactly once, each (topic, key) in
+    # enqueue order. A retried event keeps its place: its key's later events waited behind it
+    # (block_key), so a consumer sees the key's events in the order they were enqueued, as if the
+    # event had never failed.
+    for stream in enqueued.by_stream.values():
+        stream[:] = [e for e in stream if e not in published_before]
     positions = {r[0]: (r[1], r[2]) for r in pg.sql("SELECT event_id::text, kafka_partition, kafka_offset "
                                                     "FROM outbox.events")}
     for topic in TOPICS:
@@ -257,9 +282,10 @@ def schema_of(pg, dbname):
     return {name: pg.sql(query, dbname=dbname) for name, query in SCHEMA_QUERIES.items()}
 
 
-def test_updated_schema_equals_a_fresh_install(mock_cluster, make_relay):
+@pytest.mark.parametrize("old_version", OLD_VERSIONS)
+def test_updated_schema_equals_a_fresh_install(mock_cluster, make_relay, old_version):
     pg = make_relay(mock_cluster.bootstrap, create_extension=False)
-    pg.sql(f"CREATE EXTENSION outbox VERSION '{OLD_VERSION}'")
+    pg.sql(f"CREATE EXTENSION outbox VERSION '{old_version}'")
     # With rows in it, as an update meets the table: pending, failed and unkeyed.
     pg.sql("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb), outbox.enqueue('billing', NULL, 'x'::text)")
     pg.sql("UPDATE outbox.events SET status = 'failed', attempts = 3, last_error = 'e' WHERE key IS NULL")
