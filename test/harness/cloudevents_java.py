@@ -32,7 +32,9 @@ def read_with_java_sdk(bootstrap, topic, count, timeout=90):
     res = subprocess.run([java, "-cp", f"{out}/classes:{out}/lib/*", "outbox.ReadCloudEvents", bootstrap, topic,
                           str(count), str(int(timeout * 1000))],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout + 60)
-    lines = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    # One record a line, split at "\n" only: splitlines() would also split at U+0085 or U+2028 in
+    # an attribute (which the JSON printer leaves as they are).
+    lines = [json.loads(line) for line in res.stdout.split("\n") if line.startswith("{")]
     if res.returncode != 0:
         raise AssertionError(f"the Java consumer read {len(lines)} of {count} records of {topic} "
                              f"(exit {res.returncode}): {res.stderr[-3000:]}")
