@@ -192,9 +192,6 @@ def test_a_bad_source_in_postgresql_conf_is_refused_at_reload_and_at_start(kafka
     assert sdk_refusals(kafka, "atk.conf", 2) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="enqueue accepts an IPv6 host with a port beyond 2^31-1 "
-                   "(UriReferenceProblem checks the port's digits only); java.net.URI cannot fall back to a "
-                   "registry-based authority for a bracketed host and the Java SDK refuses the record")
 def test_enqueue_source_ipv6_host_with_port_beyond_int(kafka, make_relay):
     pg = make_relay(kafka.bootstrap)
     pg.wait_workers_running(1)
@@ -206,8 +203,6 @@ def test_enqueue_source_ipv6_host_with_port_beyond_int(kafka, make_relay):
     assert sdk_refusals(kafka, "atk.ipv6-port", 1) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="outbox.cloudevents_source's check hook accepts an IPv6 host with a port "
-                   "beyond 2^31-1: every event without its own source is then refused by the Java SDK")
 def test_setting_source_ipv6_host_with_port_beyond_int(kafka, make_relay):
     """A role allowed ALTER SYSTEM on outbox.cloudevents_source only (PostgreSQL 15's GRANT ALTER
     SYSTEM ON PARAMETER): the setting it can give every event must be one the SDKs read."""
@@ -228,10 +223,6 @@ def test_setting_source_ipv6_host_with_port_beyond_int(kafka, make_relay):
     assert sdk_refusals(kafka, "atk.setting", 1) == {}
 
 
-@pytest.mark.xfail(strict=True, reason="a hand-written ce_content_type starting application/cloudevents is a "
-                   "valid media type, so the relay publishes it; the Java SDK then reads the record as a "
-                   "structured-mode CloudEvent and refuses it (Unknown encoding without a JSON format on the "
-                   "class path, a parse error of the payload with one)")
 def test_hand_written_structured_mode_content_type(kafka, make_relay):
     pg = make_relay(kafka.bootstrap)
     pg.wait_workers_running(1)
