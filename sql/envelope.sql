@@ -36,7 +36,8 @@ SELECT key, headers FROM outbox.events WHERE key LIKE 'tp-%' AND key <> 'tp-arg'
 SELECT outbox.enqueue('env', 'tp-v1', '{}'::jsonb, traceparent => '01' || substr(:'tp', 3) || '-more') IS NOT NULL AS later_version;
 
 -- CloudEvents per event: the content type comes from the payload's type; type and source are
--- optional (the topic and outbox.cloudevents_source at publish time).
+-- optional: the type is then the topic (at publish time), the source outbox.cloudevents_source or
+-- /outbox/<database>, stored in the row at enqueue (fixed for the event's life).
 SELECT outbox.enqueue('env', 'ce-json', '{"a": 1}'::jsonb, cloudevents => true, event_type => 'invoice.paid',
                       event_source => 'https://billing.example.com/invoices') IS NOT NULL AS cloudevent_json;
 SELECT outbox.enqueue('env', 'ce-text', 'hello'::text, cloudevents => true) IS NOT NULL AS cloudevent_text;
@@ -49,7 +50,7 @@ SELECT outbox.enqueue('env', 'ce-src-' || n, '{}'::jsonb, cloudevents => true, e
                       event_type => 'rechnung.bezahlt.ü') IS NOT NULL AS accepted, source
 FROM (VALUES (1, 'urn:billing:invoices'), (2, '/outbox/billing%20eu'), (3, 'https://user@[::1]:8443/a?x=1#f'),
              (4, 'file:///var/outbox'), (5, '../relative/path'), (6, 'tag:example.com,2026:x'),
-             (7, 'mailto:billing@example.com')) AS s (n, source);
+             (7, 'mailto:billing@example.com'), (8, 'https://[::1]:0065535/x')) AS s (n, source);
 -- A header named CE_ID on an event that is no CloudEvent is just a header.
 SELECT outbox.enqueue('env', 'ce-plain-header', '{}'::jsonb, '{"CE_ID": "x"}') IS NOT NULL AS plain_with_ce_header;
 SELECT key, ce_content_type, ce_type, ce_source FROM outbox.events WHERE key LIKE 'ce-%' ORDER BY id;
@@ -99,6 +100,9 @@ SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', 
 SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => '/a%zz')$$);
 SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'a#b#c')$$);
 SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'urn:bücher')$$);
+-- A port above 65535 (java.net.URI refuses a bracketed host's port beyond 2^31-1).
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'https://[::1]:2147483648/x')$$);
+SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_source => 'http://h:65536/')$$);
 SELECT * FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_type => E'invoice\npaid')$$);
 SELECT error_code, detail FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, cloudevents => true, event_type => E'invoice\u0085paid')$$);
 SELECT error_code, message FROM expect_error($$SELECT outbox.enqueue('env', 'k', '{}'::jsonb, '{"CE_ID": "x"}', cloudevents => true)$$);
@@ -110,6 +114,8 @@ ALTER SYSTEM SET outbox.cloudevents_source = 'not a uri';
 ALTER SYSTEM SET outbox.cloudevents_source = 'https://billing.example.com/out box';
 \echo :LAST_ERROR_SQLSTATE
 ALTER SYSTEM SET outbox.cloudevents_source = 'https://[zz]/outbox';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET outbox.cloudevents_source = 'https://[::1]:2147483648/outbox';
 \echo :LAST_ERROR_SQLSTATE
 -- The envelope counts toward outbox.max_payload_bytes.
 SET outbox.max_payload_bytes = 200;

@@ -107,9 +107,17 @@ AuthorityProblem(const char *s, size_t from, size_t to) {
 			return problem;
 		}
 	}
+	// java.net.URI reads the port as an int: beyond 2^31-1 it refuses a bracketed host and
+	// reads any other authority as registry-based (no host). A TCP port is at most 65535: above
+	// that, refuse every host form. Leading zeros are fine (java.net.URI's Integer.parseInt).
+	unsigned long value = 0;
 	for (size_t i = port + 1; i < to; i++) {
 		if (!IsDigit(s[i])) {
 			return "the port after the host's ':' must be digits";
+		}
+		value = value * 10 + unsigned(s[i] - '0');
+		if (value > 65535) {
+			return "the port after the host's ':' is above 65535";
 		}
 	}
 	return nullptr;

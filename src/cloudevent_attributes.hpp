@@ -11,7 +11,7 @@ namespace outbox::cloudevents {
 // Why a source is not an RFC 3986 URI-reference (that java.net.URI also parses), or nullptr:
 // not empty; only unreserved, reserved and %XX characters (a space must be written %20); a
 // scheme before the first ':' that comes before any '/', '?' or '#', with something after it;
-// '[' and ']' only around an IPv6 host; at most one '#'.
+// '[' and ']' only around an IPv6 host; a port of at most 65535; at most one '#'.
 const char *UriReferenceProblem(const char *value, size_t len) noexcept;
 
 // Why a content type is not an RFC 2046 media type, or nullptr: type "/" subtype, both tokens,

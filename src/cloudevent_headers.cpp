@@ -11,11 +11,16 @@ namespace {
 
 constexpr int64 kUnixEpochOffsetUs = int64(POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC;
 
-// The source of events that name none: the setting, or one naming the relayed database (a
-// source with the event's id identifies the event, CloudEvents 1.0 "id").
+kafka::Header
+TextHeader(const char *name, const char *value) {
+	return kafka::Header{name, value, strlen(value)};
+}
+
+} // namespace
+
 const char *
 DefaultSource() {
-	static char *derived = nullptr; // a relay worker serves one database for its life
+	static char *derived = nullptr; // a backend serves one database for its life
 	if (settings.cloudevents_source && settings.cloudevents_source[0]) {
 		return settings.cloudevents_source;
 	}
@@ -29,13 +34,6 @@ DefaultSource() {
 	}
 	return derived;
 }
-
-kafka::Header
-TextHeader(const char *name, const char *value) {
-	return kafka::Header{name, value, strlen(value)};
-}
-
-} // namespace
 
 int64
 UnixMillis(TimestampTz t) {
@@ -61,6 +59,14 @@ CloudEventProblem(const ClaimedEvent &e, const char *content_type, const char *t
 	if (const char *problem = cloudevents::MediaTypeProblem(content_type, strlen(content_type))) {
 		return psprintf("quarantined: ce_content_type \"%s\" is not a media type (RFC 2046): %s", content_type,
 		                problem);
+	}
+	// The Java SDK reads a record whose content-type starts so as structured mode: it refuses
+	// it, or (with a JSON event format on its class path) reads an event forged in the payload.
+	if (pg_strncasecmp(content_type, cloudevents::kStructuredContentTypePrefix,
+	                   strlen(cloudevents::kStructuredContentTypePrefix)) == 0) {
+		return psprintf("quarantined: ce_content_type \"%s\" names structured content mode, and the record is in "
+		                "binary mode",
+		                content_type);
 	}
 	for (int h = 0; h < e.n_headers; h++) {
 		if (cloudevents::NamesEnvelopeAttribute(e.headers[h].name, strlen(e.headers[h].name))) {

@@ -26,6 +26,9 @@ constexpr int kHeaderCount = 6;
 constexpr const char *kJsonContentType = "application/json";
 constexpr const char *kTextContentType = "text/plain; charset=utf-8";
 constexpr const char *kBinaryContentType = "application/octet-stream";
+// The prefix of structured content mode's media types (application/cloudevents+json,
+// application/cloudevents-batch+json): never a binary-mode record's content-type.
+constexpr const char *kStructuredContentTypePrefix = "application/cloudevents";
 
 // ce_time: RFC 3339 in UTC with microseconds, "2026-12-01T13:58:34.123456Z".
 constexpr size_t kTimeLength = 27;

@@ -2,6 +2,7 @@
 // owns the key when (and only when) that transaction commits.
 #include "boundary.hpp"
 #include "cloudevent_attributes.hpp"
+#include "cloudevent_headers.hpp"
 #include "cloudevents.hpp"
 #include "commit_order.hpp"
 #include "commit_wake.hpp"
@@ -211,7 +212,7 @@ struct Envelope {
 	int32 partition;
 	const char *ce_content_type; // nullptr: not a CloudEvent
 	text *ce_type;               // nullptr: the topic, at publish time
-	text *ce_source;             // nullptr: outbox.cloudevents_source, at publish time
+	text *ce_source;             // event_source, else the default source now (fixed for the event's life)
 	Jsonb *trace_headers;        // traceparent (and tracestate) to add to the headers, or nullptr
 };
 
@@ -285,14 +286,6 @@ ContentTypeOf(PayloadKind kind) {
 	return outbox::cloudevents::kBinaryContentType;
 }
 
-// The length of this database's name as the default CloudEvents source writes it:
-// /outbox/<database>, percent-encoded.
-int
-EncodedDatabaseNameLength() {
-	const char *database = get_database_name(MyDatabaseId);
-	return database ? int(outbox::cloudevents::PercentEncodedLength(database, strlen(database))) : 0;
-}
-
 // A CloudEvents attribute given to enqueue: not empty, with a UTF-8 form, and valid as the
 // attribute (a source a URI-reference, a type a CloudEvents String). Returns its UTF-8 length.
 int
@@ -346,10 +339,17 @@ CloudEvent(FunctionCallInfo fcinfo, text *topic, PayloadKind kind, const HeaderF
 		             "Pass the type and source as event_type and event_source, or rename the header.");
 	}
 	int type_len = type ? ValidateAttribute("event_type", type, false) : VARSIZE_ANY_EXHDR(topic);
-	const char *default_source = outbox::settings.cloudevents_source;
-	int source_len = source ? ValidateAttribute("event_source", source, true)
-	                        : default_source && default_source[0] ? int(strlen(default_source))
-	                                                              : int(strlen("/outbox/") + EncodedDatabaseNameLength());
+	// The default source is resolved and stored now, not at publish: a change of the setting in
+	// between would give an enqueued event another (source, id), which consumers deduplicate on,
+	// and an envelope larger than the one sized here.
+	int source_len;
+	if (source) {
+		source_len = ValidateAttribute("event_source", source, true);
+	} else {
+		const char *default_source = outbox::DefaultSource(); // checked by the setting's hook, or encoded: ASCII
+		source = cstring_to_text(default_source);
+		source_len = int(strlen(default_source));
+	}
 	env->ce_content_type = ContentTypeOf(kind);
 	env->ce_type = type;
 	env->ce_source = source;

@@ -182,6 +182,25 @@ def test_partition_the_topic_lacks_fails_at_once_and_holds_its_key(mock_cluster,
     assert pg.value("SELECT count(*) FROM outbox.failed WHERE event_id = %s", (bad,)) == 1
 
 
+def test_the_default_source_is_fixed_at_enqueue(mock_cluster, make_relay):
+    """outbox.cloudevents_source changes between enqueue and publish: the event keeps the source
+    it was enqueued with (its (source, id) is what consumers deduplicate on, and what enqueue
+    sized against outbox.max_payload_bytes). Only a row written by hand without a ce_source gets
+    the relay's setting at publish time."""
+    from test_safety import insert_row
+    pg = make_relay(mock_cluster.bootstrap, workers=0, cloudevents_source="urn:outbox:before")
+    enqueued = pg.value("SELECT outbox.enqueue('billing', 'k1', '{}'::jsonb, cloudevents => true)::text")
+    assert pg.value("SELECT ce_source FROM outbox.events WHERE event_id = %s", (enqueued,)) == "urn:outbox:before"
+    _, by_hand = insert_row(pg, key="k2", ce_content_type="application/json")
+    pg.set(cloudevents_source="urn:outbox:after", workers=1)
+    pg.restart()  # the relay starts with the new setting for sure
+    pg.wait_workers_running(1)
+    pg.wait_published(2, timeout=60)
+    records = by_event_id(read_topic(mock_cluster.bootstrap, "billing", 2, settle=True))
+    assert {e: records[e].headers["ce_source"] for e in (enqueued, by_hand)} == {
+        enqueued: "urn:outbox:before", by_hand: "urn:outbox:after"}
+
+
 def test_hand_written_cloudevent_rows_the_envelope_cannot_state_are_quarantined(mock_cluster, make_relay):
     """Rows past the table's checks (dropped by the owner): an empty attribute, a header of their
     own named ce_*/content-type (a second, conflicting ce_id on the record), a created_at that
@@ -231,6 +250,7 @@ def test_hand_written_cloudevent_rows_the_envelope_cannot_state_are_quarantined(
 ODD_DATABASE = "billing eu/ü%#?"
 ODD_DATABASE_SOURCE = "/outbox/billing%20eu%2F%C3%BC%25%23%3F"
 SETTING_SOURCE = "https://billing.example.com/outbox?region=eu#relay"
+NON_ASCII_TYPE = "rechnung.bezahlt.\u00fc.\u20ac.\U0001f600"
 
 
 def test_the_java_sdk_reads_every_attribute_the_relay_writes(kafka, make_relay):
@@ -257,6 +277,10 @@ def test_the_java_sdk_reads_every_attribute_the_relay_writes(kafka, make_relay):
                     ("https://user@[::1]:8443/a%20b?x=1",)): ("env.java.events", "https://user@[::1]:8443/a%20b?x=1",
                                                             "application/octet-stream"),
         }
+        # Beyond ASCII (Latin-1, the BMP, a surrogate pair in Java's UTF-16): read back exactly,
+        # whatever the locale the consumer runs in (the harness runs it under LC_ALL=C).
+        expected[enqueue("'env.java.events', 'sub-6', '{}'::jsonb, event_type => %s", (NON_ASCII_TYPE,))] = (
+            NON_ASCII_TYPE, ODD_DATABASE_SOURCE, "application/json")
         tombstone = enqueue("'env.java.events', 'sub-1', NULL::jsonb")
         plain = enqueue("'env.java.events', 'sub-4', '{}'::jsonb, cloudevents => false")
         c.commit()
@@ -342,11 +366,18 @@ def test_hand_written_cloudevent_rows_with_attributes_the_sdks_refuse_are_quaran
         "header CE_ID": row("k", headers='{"CE_ID": "forged"}', ce_content_type=json_type),
         "header Ce_Source": row("l", headers='{"Ce_Source": "urn:forged"}', ce_content_type=json_type),
         "header Content-Type": row("m", headers='{"Content-Type": "text/xml"}', ce_content_type=json_type),
+        # Structured content mode's media types, in any case: the Java SDK would read the record
+        # as structured mode (and refuse it, or read an event forged in the payload).
+        "structured mode content type": row("s", ce_content_type='application/cloudevents+json; charset="utf-8"'),
+        "structured batch, other case": row("t", ce_content_type="Application/CloudEvents-Batch+JSON"),
+        "source port above 65535": row("u", ce_content_type=json_type, ce_source="https://h:65536/x"),
+        "IPv6 source port beyond int": row("v", ce_content_type=json_type, ce_source="https://[::1]:2147483648/x"),
     }
     good = {
         "urn source": row("n", ce_content_type=json_type, ce_source="urn:billing:invoices"),
         "encoded source": row("o", ce_content_type=json_type, ce_source="/outbox/billing%20eu"),
-        "parameters": row("p", ce_content_type='application/cloudevents+json; charset="utf-8"; x=1'),
+        "parameters": row("p", ce_content_type='application/vnd.billing+json; charset="utf-8"; x=1'),
+        "port 65535, leading zeros": row("w", ce_content_type=json_type, ce_source="https://[::1]:0065535/x"),
         "non-ASCII type": row("q", ce_content_type=json_type, ce_type="rechnung.bezahlt.ü"),
         "plain record, upper-case header": row("r", headers='{"CE_ID": "not a CloudEvent"}'),
     }

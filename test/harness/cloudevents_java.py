@@ -29,10 +29,15 @@ def read_with_java_sdk(bootstrap, topic, count, timeout=90):
     """The first `count` records of `topic`, read from the start by a fresh consumer group."""
     out = _built()
     java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    # Under the C locale on purpose: Java 17 writes stdout in the locale's charset (a C locale
+    # makes every non-ASCII character '?'), so the consumer prints ASCII only (\u escapes), and
+    # running it so on every machine shows at once if that stops being true.
     res = subprocess.run([java, "-cp", f"{out}/classes:{out}/lib/*", "outbox.ReadCloudEvents", bootstrap, topic,
                           str(count), str(int(timeout * 1000))],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout + 60)
-    lines = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout + 60,
+                         env={**os.environ, "LC_ALL": "C", "LANG": "C"})
+    # One record a line, split at "\n" only (splitlines() also splits at U+0085 or U+2028).
+    lines = [json.loads(line) for line in res.stdout.split("\n") if line.startswith("{")]
     if res.returncode != 0:
         raise AssertionError(f"the Java consumer read {len(lines)} of {count} records of {topic} "
                              f"(exit {res.returncode}): {res.stderr[-3000:]}")

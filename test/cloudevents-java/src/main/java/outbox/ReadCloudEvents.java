@@ -109,7 +109,9 @@ public final class ReadCloudEvents {
         for (char c : v.toString().toCharArray()) {
             if (c == '"' || c == '\\') {
                 b.append('\\').append(c);
-            } else if (c < 0x20) {
+            } else if (c < 0x20 || c > 0x7e) {
+                // ASCII only: Java 17 writes stdout in the locale's charset, which under a C locale
+                // turns every other character into '?'.
                 b.append(String.format("\\u%04x", (int) c));
             } else {
                 b.append(c);
