@@ -43,8 +43,10 @@ ALTER SYSTEM SET outbox.kafka_properties = 'internal.termination.signal=1';
 ALTER SYSTEM SET outbox.kafka_properties = 'topic.queuing.strategy=lifo';
 ALTER SYSTEM SET outbox.kafka_properties = 'transactional.id=relay';
 ALTER SYSTEM SET outbox.kafka_properties = 'plugin.library.paths=/nonexistent/plugin.so';
--- The secret stays out of the message even when a reserved property follows it.
+-- A value that holds a secret is left to the reload (refused there, test_kafka_reserved.py):
+-- refused here, PostgreSQL would log the statement's text with the secret.
 ALTER SYSTEM SET outbox.kafka_properties = 'sasl.password=Zq7s3cr3t;linger.ms=7';
+ALTER SYSTEM RESET outbox.kafka_properties;
 -- Other spellings are no property at all: librdkafka matches names exactly (case, blanks inside
 -- a name, a doubled prefix). Accepted here, refused by the worker (names no librdkafka property).
 ALTER SYSTEM SET outbox.kafka_properties = 'Partitioner=random;TOPIC.partitioner=random;topic.topic.partitioner=random';

@@ -79,16 +79,20 @@ outbox_check_cloudevents_source(char **newval, void **extra, GucSource source) {
 // with its own message: PostgreSQL's default one would quote the value, which may hold a secret.
 // Not while the server starts (shared_preload_libraries): a refused value would be dropped for
 // the empty default, and the relay run without the operator's TLS or SASL properties; the worker
-// refuses it instead (misconfigured).
+// refuses it instead (misconfigured). Nor in a statement (ALTER SYSTEM) when the value holds a
+// secret: PostgreSQL would log the refused statement's text (log_min_error_statement); the reload
+// that follows refuses it, with nothing but this message in the log.
 bool
 CheckKafkaProperties(char **newval, void **, GucSource) {
 	char problem[512];
+	bool holds_secret = false;
 	if (process_shared_preload_libraries_in_progress || *newval == nullptr ||
-	    !kafka::SettingChangesReserved(*newval, problem, sizeof(problem))) {
+	    !kafka::SettingChangesReserved(*newval, problem, sizeof(problem), &holds_secret) ||
+	    (holds_secret && debug_query_string != nullptr)) {
 		return true;
 	}
 	GUC_check_errmsg("%s", problem);
-	GUC_check_errhint("Remove the entry: the relay sets that property itself (README, Settings).");
+	GUC_check_errhint("Remove the entry: the relay sets that property itself (docs/settings.md).");
 	return false;
 }
 

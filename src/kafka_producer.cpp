@@ -518,12 +518,16 @@ CreateProducer(const ProducerConfig &config, char *errbuf, size_t errlen) noexce
 }
 
 bool
-SettingChangesReserved(const char *text, char *problem, size_t len) noexcept {
+SettingChangesReserved(const char *text, char *problem, size_t len, bool *holds_secret) noexcept {
+	*holds_secret = false;
 	try {
 		Properties properties;
 		std::string error;
 		if (!ParseUserProperties(text, &properties, &error) || RefuseReserved(properties, &error)) {
 			return false;
+		}
+		for (const Property &p : properties) {
+			*holds_secret = *holds_secret || IsSecretProperty(p.name);
 		}
 		snprintf(problem, len, "%s", error.c_str());
 		return true;

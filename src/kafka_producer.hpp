@@ -88,8 +88,9 @@ Producer *CreateProducer(const ProducerConfig &config, char *errbuf, size_t errl
 // For the check hook of outbox.kafka_properties: true, with the reason in problem (no value in
 // it), when an entry would change a property the relay reserves. What else may be wrong with the
 // text (its syntax, unknown names, bad values) is left to the worker, which reports it
-// (misconfigured); so is the file, which only the worker reads.
-bool SettingChangesReserved(const char *text, char *problem, size_t len) noexcept;
+// (misconfigured); so is the file, which only the worker reads. *holds_secret: an entry sets a
+// secret property (a password).
+bool SettingChangesReserved(const char *text, char *problem, size_t len, bool *holds_secret) noexcept;
 // Purges what is queued or in flight and destroys the handle (its rows go back to pending).
 void DestroyProducer(Producer *producer) noexcept;
 // Whether `config` would give a librdkafka configuration other than the producer's.
