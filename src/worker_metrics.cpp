@@ -10,7 +10,7 @@
 
 namespace {
 
-constexpr int kFixedColumns = 15;
+constexpr int kFixedColumns = 16;
 constexpr int kHistograms = 4;
 constexpr int kColumns = kFixedColumns + 4 * kHistograms;
 
@@ -78,6 +78,7 @@ OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 		values[12] = Int64GetDatum(int64(m.requeued));
 		values[13] = Int64GetDatum(int64(m.backoffs));
 		values[14] = Int64GetDatum(int64(m.batch_size.count)); // batches: one size observed per batch
+		values[15] = Int64GetDatum(int64(m.resent));
 		PutHistogram(m.batch_size, outbox::kBatchSizeBounds, outbox::kBatchSizeBuckets, values, kFixedColumns);
 		PutHistogram(m.publish_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 4);
 		PutHistogram(m.claim_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 8);
