@@ -402,7 +402,7 @@ CREATE FUNCTION outbox.worker_metrics(
 	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
 	OUT started_at timestamptz,
 	OUT events_published bigint, OUT events_failed bigint, OUT events_retried bigint,
-	OUT events_requeued bigint, OUT backoffs bigint, OUT batches bigint, OUT events_resent bigint,
+	OUT events_requeued bigint, OUT backoffs bigint, OUT batches bigint,
 	OUT batch_size double precision[], OUT batch_size_bucket bigint[],
 	OUT batch_size_sum double precision, OUT batch_size_count bigint,
 	OUT publish_seconds double precision[], OUT publish_seconds_bucket bigint[],
@@ -418,7 +418,7 @@ LANGUAGE C VOLATILE STRICT;
 CREATE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics();
 
 COMMENT ON VIEW outbox.worker_metrics IS
-	'Relay workers'' metrics since their start: events published, failed, retried, requeued, resent; batch size and publish, claim and record time histograms; broker and backoff state';
+	'Relay workers'' metrics since their start: events published, failed, retried, requeued; batch size and publish, claim and record time histograms; broker and backoff state';
 
 -- Per topic with events waiting or failed: how many, and the age of the oldest one not yet
 -- published. Reads only the pending, in-flight and failed rows (through their partial indexes),
