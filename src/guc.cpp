@@ -3,6 +3,7 @@
 
 #include "boundary.hpp"
 #include "cloudevent_attributes.hpp"
+#include "kafka_producer.hpp"
 #include "trace_context.hpp"
 #include "pg_include.hpp"
 #include "standby_wait.hpp"
@@ -72,6 +73,32 @@ CheckCloudEventsSource(char **newval, void **, GucSource) {
 extern "C" bool
 outbox_check_cloudevents_source(char **newval, void **extra, GucSource source) {
 	return CallFromPostgres("outbox_check_cloudevents_source", CheckCloudEventsSource, newval, extra, source);
+}
+
+// A property the relay reserves is refused when the setting is made (ALTER SYSTEM, a reload),
+// with its own message: PostgreSQL's default one would quote the value, which may hold a secret.
+// Not while the server starts (shared_preload_libraries): a refused value would be dropped for
+// the empty default, and the relay run without the operator's TLS or SASL properties; the worker
+// refuses it instead (misconfigured). Nor in a statement (ALTER SYSTEM) when the value holds a
+// secret: PostgreSQL would log the refused statement's text (log_min_error_statement); the reload
+// that follows refuses it, with nothing but this message in the log.
+bool
+CheckKafkaProperties(char **newval, void **, GucSource) {
+	char problem[512];
+	bool holds_secret = false;
+	if (process_shared_preload_libraries_in_progress || *newval == nullptr ||
+	    !kafka::SettingChangesReserved(*newval, problem, sizeof(problem), &holds_secret) ||
+	    (holds_secret && debug_query_string != nullptr)) {
+		return true;
+	}
+	GUC_check_errmsg("%s", problem);
+	GUC_check_errhint("Remove the entry: the relay sets that property itself (docs/settings.md).");
+	return false;
+}
+
+extern "C" bool
+outbox_check_kafka_properties(char **newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_kafka_properties", CheckKafkaProperties, newval, extra, source);
 }
 
 extern "C" bool
@@ -179,7 +206,7 @@ DefineSettings() {
 	    "outbox.kafka_properties", "Extra librdkafka producer properties, as name=value pairs separated by ';'.",
 	    "For TLS, SASL, compression and tuning. May hold secrets: only superusers can read it.",
 	    &settings.kafka_properties, "", PGC_SIGHUP, GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE,
-	    nullptr, nullptr, nullptr);
+	    outbox_check_kafka_properties, nullptr, nullptr);
 	DefineCustomStringVariable(
 	    "outbox.kafka_properties_file", "File of extra librdkafka producer properties, one name=value a line.",
 	    "For secrets (SASL passwords, key passwords): the worker reads the file, so the values never pass through "

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "connect_error.hpp"
+#include "kafka_reserved.hpp"
 #include "no_postgres.hpp"
 #include "secret_mask.hpp"
 
@@ -32,25 +33,6 @@ namespace {
 constexpr size_t kMaxBufferedLogLines = 256;
 // Longer than handing over a full batch takes (about 1 ms per 1,000 events here).
 constexpr int kLingerMs = 50;
-
-// Properties that hold the relay's guarantees, or that have an outbox setting of their own.
-const char *const kReservedProperties[][2] = {
-    {"bootstrap.servers", "set outbox.bootstrap_servers instead"},
-    {"metadata.broker.list", "set outbox.bootstrap_servers instead"},
-    {"message.timeout.ms", "set outbox.publish_timeout instead"},
-    {"delivery.timeout.ms", "set outbox.publish_timeout instead"},
-    {"enable.idempotence", "the relay needs the idempotent producer for per-key order"},
-    {"enable.gapless.guarantee", "the relay needs it for per-key order"},
-    {"acks", "the relay needs acks=all"},
-    {"request.required.acks", "the relay needs acks=all"},
-    {"max.in.flight.requests.per.connection", "the idempotent producer sets it"},
-    {"max.in.flight", "the idempotent producer sets it"},
-    {"log.queue", "the relay serves logs on its own thread"},
-    {"linger.ms", "the relay holds each batch and sends it in one go"},
-    {"queue.buffering.max.ms", "the relay holds each batch and sends it in one go"},
-    {"partitioner", "the relay places keys like the Java client (murmur2_random)"},
-    {"internal.termination.signal", "a signal handler would replace PostgreSQL's"},
-};
 
 std::string
 Trim(const std::string &s) {
@@ -104,13 +86,6 @@ AddEntries(const std::vector<std::pair<int, std::string>> &entries, const char *
 			*error = EntryError(source, entry, "is not name=value (in outbox.kafka_properties entries are separated "
 			                                   "by ';', and \\; is a ';' inside a value)");
 			return false;
-		}
-		for (const auto &reserved : kReservedProperties) {
-			if (name == reserved[0]) { // a name of our own list: safe to repeat
-				*error = std::string(source) + " " + std::to_string(entry) + " may not set \"" + name +
-				         "\": " + reserved[1];
-				return false;
-			}
 		}
 		out->push_back(Property{name, Trim(item.substr(eq + 1)), entry, source});
 	}
@@ -194,6 +169,24 @@ ParsePropertiesFile(const char *path, Properties *out, std::string *error) {
 	return AddEntries(entries, kPropertiesFileLine, out, error);
 }
 
+// Refuses a user property that would change a reserved one, by any spelling (kafka_reserved.hpp).
+// A refused name is one librdkafka knows: safe to repeat.
+bool
+RefuseReserved(const Properties &properties, std::string *error) {
+	ReservedGuard guard;
+	for (const Property &p : properties) {
+		if (p.entry == 0) {
+			continue;
+		}
+		std::string refusal = guard.Refusal(p.name, p.value);
+		if (!refusal.empty()) {
+			*error = EntryError(p.source, p.entry, refusal.c_str());
+			return false;
+		}
+	}
+	return true;
+}
+
 // The whole librdkafka configuration of a producer, made from nothing but `config`: the one
 // list both CreateProducer and ConfigDiffers use.
 bool
@@ -230,7 +223,7 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	// Room for the largest event enqueue accepts plus record overhead (user-settable).
 	own("message.max.bytes", std::to_string(std::max(1000000L, long(config.max_event_bytes) + 65536L)));
 	return ParseUserProperties(config.extra_properties, out, error) &&
-	       ParsePropertiesFile(config.properties_file, out, error);
+	       ParsePropertiesFile(config.properties_file, out, error) && RefuseReserved(*out, error);
 }
 
 // Properties whose values are secrets (librdkafka's own sensitive ones): their values, and any
@@ -456,7 +449,13 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	}
 	char errstr[512];
 	rd_kafka_conf_t *conf = rd_kafka_conf_new();
+	std::vector<std::string> own_reserved; // before the first user property
+	bool user_seen = false;
 	for (const Property &p : properties) {
+		if (p.entry > 0 && !user_seen) {
+			user_seen = true;
+			own_reserved = ReservedValues(conf);
+		}
 		rd_kafka_conf_res_t res = rd_kafka_conf_set(conf, p.name.c_str(), p.value.c_str(), errstr, sizeof(errstr));
 		if (res == RD_KAFKA_CONF_OK) {
 			continue;
@@ -472,6 +471,12 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 			                    ("sets \"" + p.name + "\" to a value librdkafka refuses (not shown)").c_str());
 		}
 		rd_kafka_conf_destroy(conf);
+		return false;
+	}
+	// The guard (BuildProperties) judged each user property alone; this judges them together.
+	if (user_seen && ReservedValues(conf) != own_reserved) {
+		rd_kafka_conf_destroy(conf);
+		*error = "the user's librdkafka properties together change a property the relay reserves";
 		return false;
 	}
 
@@ -509,6 +514,25 @@ CreateProducer(const ProducerConfig &config, char *errbuf, size_t errlen) noexce
 	} catch (const std::exception &e) {
 		snprintf(errbuf, errlen, "could not create the Kafka producer: %s", e.what());
 		return nullptr;
+	}
+}
+
+bool
+SettingChangesReserved(const char *text, char *problem, size_t len, bool *holds_secret) noexcept {
+	*holds_secret = false;
+	try {
+		Properties properties;
+		std::string error;
+		if (!ParseUserProperties(text, &properties, &error) || RefuseReserved(properties, &error)) {
+			return false;
+		}
+		for (const Property &p : properties) {
+			*holds_secret = *holds_secret || IsSecretProperty(p.name);
+		}
+		snprintf(problem, len, "%s", error.c_str());
+		return true;
+	} catch (const std::bad_alloc &) {
+		return false; // the worker judges it again
 	}
 }
 

@@ -1,5 +1,5 @@
 // The relay's Kafka producer: one librdkafka handle per relay worker, created in the worker
-// process. The only file that includes rdkafka.h.
+// process. The only file that includes rdkafka.h, with kafka_reserved.cpp.
 //
 // Threads: librdkafka runs its own threads. None of them ever reaches Postgres code: delivery
 // reports, errors and log lines are served from Flush() on the worker's own thread, and they
@@ -85,6 +85,12 @@ class Producer;
 // nullptr on a bad configuration, with the reason in errbuf. The reason never holds a value of
 // extra_properties (it may be a secret): it names a known property or an entry's position.
 Producer *CreateProducer(const ProducerConfig &config, char *errbuf, size_t errlen) noexcept;
+// For the check hook of outbox.kafka_properties: true, with the reason in problem (no value in
+// it), when an entry would change a property the relay reserves. What else may be wrong with the
+// text (its syntax, unknown names, bad values) is left to the worker, which reports it
+// (misconfigured); so is the file, which only the worker reads. *holds_secret: an entry sets a
+// secret property (a password).
+bool SettingChangesReserved(const char *text, char *problem, size_t len, bool *holds_secret) noexcept;
 // Purges what is queued or in flight and destroys the handle (its rows go back to pending).
 void DestroyProducer(Producer *producer) noexcept;
 // Whether `config` would give a librdkafka configuration other than the producer's.

@@ -111,4 +111,12 @@ MetricsNoteBackoff(WorkerSlot *slot, TimestampTz until) {
 	SpinLockRelease(&slot->mutex);
 }
 
+void
+MetricsNoteStepError(WorkerSlot *slot, uint64 resent, TimestampTz until) {
+	SpinLockAcquire(&slot->mutex);
+	slot->metrics.resent += resent;
+	slot->metrics.backoff_until = until;
+	SpinLockRelease(&slot->mutex);
+}
+
 } // namespace outbox

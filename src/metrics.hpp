@@ -29,6 +29,7 @@ struct WorkerMetrics {
 	uint64 retried;             // refused by the broker, pending again for a retry (attempt used)
 	uint64 requeued;            // pending again without an attempt (broker trouble, not sent, deferred)
 	uint64 backoffs;            // rounds of broker-wide trouble that made the worker back off
+	uint64 resent;              // acked by Kafka, outcome not recorded (a step's ERROR): sent again
 	TimestampTz backoff_until;  // end of the current (or last) broker backoff
 	Histogram batch_size;       // events per claimed batch
 	Histogram publish_seconds;  // a batch's publish: produce to the last delivery report
@@ -53,5 +54,8 @@ void MetricsNoteEarlyRecord(instr_time start);
 void MetricsNoteBatch(WorkerSlot *slot, const Batch &batch, const Outcome *outcomes, int failed,
                       instr_time record_start);
 void MetricsNoteBackoff(WorkerSlot *slot, TimestampTz until);
+// A step's ERROR: `resent` acked events of the batch stay pending (they go to Kafka again), and
+// the worker backs off until `until` (not a broker backoff: backoffs is not counted).
+void MetricsNoteStepError(WorkerSlot *slot, uint64 resent, TimestampTz until);
 
 } // namespace outbox

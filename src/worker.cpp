@@ -59,6 +59,13 @@ MemoryContext batch_context = nullptr;
 TableState last_table_state = TableState::Ready;
 int outage_steps = 0;
 TimestampTz backoff_until = 0;
+// Step errors (ERRORs caught by the recovery block) in a row, for their backoff: reset by a batch
+// recorded or an empty claim.
+int error_steps = 0;
+// The batch between its first produce and its record's commit: an ERROR meanwhile leaves its rows
+// pending, and what Kafka acknowledged of it is sent again.
+Outcome *batch_outcomes = nullptr;
+int batch_size_in_flight = 0;
 TimestampTz last_purge = 0;
 // Log de-duplication, so a down broker or a bad setting gives one line, not one per retry.
 char last_logged[512];
@@ -752,7 +759,7 @@ NoteNoBrokerReachable() {
 void
 RunBatch(const Batch &batch) {
 	int n = batch.n;
-	Outcome *outcomes = static_cast<Outcome *>(palloc(sizeof(Outcome) * n));
+	Outcome *outcomes = static_cast<Outcome *>(palloc0(sizeof(Outcome) * n));
 	kafka::Delivery *deliveries = static_cast<kafka::Delivery *>(palloc(sizeof(kafka::Delivery) * n));
 	const char **errors = static_cast<const char **>(palloc0(sizeof(char *) * n));
 	bool *recorded = static_cast<bool *>(palloc0(sizeof(bool) * n));
@@ -763,6 +770,8 @@ RunBatch(const Batch &batch) {
 	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
 	// ERROR aborts it and leaves them pending.
 	instr_time publish_start = MetricsNow();
+	batch_outcomes = outcomes;
+	batch_size_in_flight = n;
 	Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble);
 	MetricsNotePublish(slot, publish_start);
 	MaybeCrashAfterAck(batch, outcomes);
@@ -774,6 +783,8 @@ RunBatch(const Batch &batch) {
 	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
 	instr_time record_start = MetricsNow();
 	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
+	batch_outcomes = nullptr;
+	error_steps = 0;
 	MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
 
 	uint64 published = 0;
@@ -822,6 +833,41 @@ MaybePurge() {
 	}
 }
 
+// Events of the batch in flight that Kafka acknowledged: their rows stay pending (the record
+// was rolled back) and the next claim sends them again.
+int64
+AckedOfBatchInFlight() {
+	int64 acked = 0;
+	for (int i = 0; batch_outcomes && i < batch_size_in_flight; i++) {
+		acked += batch_outcomes[i] == Outcome::Published;
+	}
+	if (acked == 0 && batch_outcomes && producer) {
+		acked = kafka::Acked(producer); // cut short while sending: the acks so far
+	}
+	return acked;
+}
+
+// After a step's ERROR: the next try waits as for broker trouble, doubling with each error in a
+// row. A step that keeps failing after the publish (a trigger on outbox.events that raises, a
+// constraint the record breaks) would otherwise send its batch to Kafka again once a pause,
+// duplicates without bound; each such re-send is counted (events_resent).
+void
+BackOffAfterError() {
+	int64 resent = AckedOfBatchInFlight();
+	batch_outcomes = nullptr;
+	error_steps++;
+	long delay = Max(kErrorPauseMs, BackoffMs(error_steps));
+	// Never shortens a broker backoff under way.
+	backoff_until = Max(backoff_until, TimestampTzPlusMilliseconds(GetCurrentTimestamp(), delay));
+	backoff_state = WorkerState::BackingOff;
+	MetricsNoteStepError(slot, uint64(resent), backoff_until);
+	if (resent > 0) {
+		ereport(LOG, (errmsg("outbox relay %d: %lld events reached Kafka but their outcome could not be recorded; "
+		                     "they stay pending and will be sent again (duplicates); retrying in %ld ms",
+		                     worker_index, (long long)resent, delay)));
+	}
+}
+
 // Recovery from an ERROR anywhere in the loop. Step for step what the autovacuum launcher's
 // recovery block does (postmaster/autovacuum.c, "a stripped down version of PostgresMain error
 // recovery"), plus what PostgresMain adds for a process that reports its activity; then the
@@ -864,6 +910,7 @@ RecoverFromError() {
 	// The message goes to outbox.workers; a step never raises with a secret in its text.
 	SetWorkerError(slot, WorkerState::BackingOff, edata->message ? edata->message : "error");
 	FreeErrorData(edata);
+	BackOffAfterError();
 	MemoryContextReset(batch_context);
 	// The Kafka side of a batch cut short is unknown: drop the producer so nothing of it can be
 	// appended after the events are sent again (their rows are still pending).
@@ -1079,6 +1126,7 @@ RelayMain(Datum arg) {
 			continue; // state 'waiting for standby'; the wait is at the top
 		}
 		if (batch.n == 0) {
+			error_steps = 0;
 			SetWorkerState(slot, WorkerState::Idle);
 			long sleep_ms = settings.poll_interval_ms;
 			int64 next_retry = MillisUntilNextRetry(MyLanes());

@@ -12,7 +12,10 @@ namespace {
 
 constexpr int kFixedColumns = 15;
 constexpr int kHistograms = 4;
-constexpr int kColumns = kFixedColumns + 4 * kHistograms;
+// events_resent (0.3.0) comes after the histograms; a 0.2.0 schema's view, between a library
+// update and ALTER EXTENSION UPDATE, has every column but it.
+constexpr int kResentColumn = kFixedColumns + 4 * kHistograms;
+constexpr int kColumns = kResentColumn + 1;
 
 // Puts one histogram's four columns at values[at..at+3].
 void
@@ -37,7 +40,7 @@ PutHistogram(const outbox::Histogram &h, const double *bounds, int n_bounds, Dat
 OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 	Tuplestorestate *store = BeginRows(fcinfo, "outbox.worker_metrics()");
 	TupleDesc desc = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo)->setDesc;
-	if (desc->natts != kColumns) {
+	if (desc->natts != kColumns && desc->natts != kColumns - 1) {
 		elog(ERROR, "outbox.worker_metrics: return type must be a row type of %d columns", kColumns);
 	}
 
@@ -82,6 +85,7 @@ OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 		PutHistogram(m.publish_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 4);
 		PutHistogram(m.claim_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 8);
 		PutHistogram(m.record_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 12);
+		values[kResentColumn] = Int64GetDatum(int64(m.resent)); // not read by a 0.2.0 view (natts)
 		tuplestore_putvalues(store, desc, values, nulls);
 	}
 	return Datum(0);
