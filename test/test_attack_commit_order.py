@@ -1,7 +1,6 @@
 """Attacks on commit order's locks and its no-op WAL (issue 15 items 3 and 4, merge e64b124):
 a least-privileged enqueuer (only EXECUTE on outbox.enqueue, PREPARE TRANSACTION allowed), one
-that may also DELETE its rows, and a superuser's mistakes. Each test fails if its attack works;
-a strict xfail marks an attack that does (see its reason)."""
+that may also DELETE its rows, and a superuser's mistakes. Each test fails if its attack works."""
 
 import psycopg
 import pytest
@@ -41,11 +40,6 @@ def waiting_for(pg, c, lock_class):
 
 # -- (b) one role stalls every other role's enqueues -----------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a few-key committer waits for a prepared transaction's key lock while HOLDING the global "
-    "Share lock; a many-key commit's Exclusive request queues behind that Share, and every other "
-    "enqueuing commit of the database (any key, any role) queues behind the Exclusive request, "
-    "until COMMIT PREPARED. One role with EXECUTE on enqueue and PREPARE stalls everyone."))
 @pytest.mark.parametrize("waiter", ["COMMIT", "PREPARE TRANSACTION"])
 def test_a_prepared_key_with_a_waiting_committer_stalls_no_other_key(pg, topic, waiter):
     gid, gid2 = "stall-" + topic, "stall2-" + topic
@@ -79,13 +73,11 @@ def test_a_prepared_key_with_a_waiting_committer_stalls_no_other_key(pg, topic, 
     assert published_order(pg, topic, "k1")[:2] == ["P", "Q"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a many-key committer waiting for a prepared key holds no lock, so a prepared transaction of "
-    "another of its keys, prepared while it waits, is found at its retry and waited for too: by "
-    "rotating short-lived prepared transactions over its keys (one always prepared, each only "
-    "briefly) a role with EXECUTE on enqueue starves the bulk commit indefinitely, and no "
-    "prepared transaction looks old"))
 def test_a_committer_of_many_keys_is_not_overtaken_by_a_later_prepared_key(pg, topic):
+    # P2 prepares one of the bulk commit's keys while the bulk commit waits for P1's key: P2's
+    # PREPARE waits for the bulk commit (the prepare gate), so P1's COMMIT PREPARED lets the bulk
+    # commit through, and it sorts before P2. (A PREPARE that went first could be waited for
+    # again, and so on forever by rotating prepared transactions.)
     g1, g2 = "rot1-" + topic, "rot2-" + topic
     p1, p2, many = session(pg, APP), session(pg, APP), session(pg, APP)
     with p1, p2, many:
@@ -95,20 +87,24 @@ def test_a_committer_of_many_keys_is_not_overtaken_by_a_later_prepared_key(pg, t
         many.execute("BEGIN")
         enqueue_many(many, topic, "M", key_lock_limit(pg) + 1)
         committer = InThread(many, "COMMIT")
+        preparing = None
         try:
             wait_until(lambda: waiting_for(pg, many, KEY_LOCK_CLASS), what="the bulk commit waiting for k1")
             p2.execute("BEGIN")
             enqueue(p2, topic, "k2", "P2")  # prepared while the bulk commit waits: it came later
-            p2.execute(f"PREPARE TRANSACTION '{g2}'")
+            preparing = InThread(p2, f"PREPARE TRANSACTION '{g2}'")
+            wait_until(lambda: waiting_on_lock(pg, p2), what="P2's PREPARE waiting for the bulk commit")
             pg.sql(f"COMMIT PREPARED '{g1}'")
-            # P1's key is free now: the bulk commit either finishes or waits again, for P2's key.
-            wait_until(lambda: not committer.thread.is_alive() or waiting_for(pg, many, KEY_LOCK_CLASS),
-                       what="the bulk commit done or waiting again")
-            overtaken = committer.thread.is_alive()
-        finally:
-            pg.sql(f"COMMIT PREPARED '{g2}'")
             committer.join()
-    assert not overtaken, "the bulk commit waited for a transaction prepared after it began waiting"
+        finally:
+            if committer.thread.is_alive():
+                pg.sql(f"COMMIT PREPARED '{g1}'")
+                committer.thread.join(60)
+            if preparing is not None:
+                preparing.join()
+                pg.sql(f"COMMIT PREPARED '{g2}'")
+    assert published_order(pg, topic, "k1") == ["P1", "M"]
+    assert published_order(pg, topic, "k2") == ["M", "P2"]
 
 
 def test_two_prepared_transactions_of_one_key_commit_in_commit_prepared_order(pg, topic):
@@ -296,11 +292,6 @@ def test_plpgsql_exception_blocks_and_rolled_back_released_savepoints(pg, topic)
 PAD = 128 * 1024 * 1024
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "WriteWalPast trusts the stamp enqueue read back (RETURNING order_lsn, after BEFORE triggers "
-    "and the column default): a superuser's trigger or default that sets order_lsn ahead of the "
-    "WAL makes one enqueuer's COMMIT write that much no-op WAL, in a loop with no "
-    "CHECK_FOR_INTERRUPTS (FFFFFFFF/FFFFFFFF: until the disk is full)."))
 def test_a_stamp_set_ahead_of_the_wal_does_not_make_the_commit_write_it(pg, topic):
     pg.sql("CREATE FUNCTION public.co_ahead() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
            f"NEW.order_lsn := pg_current_wal_insert_lsn() + {PAD}; RETURN NEW; END $$")
@@ -309,11 +300,10 @@ def test_a_stamp_set_ahead_of_the_wal_does_not_make_the_commit_write_it(pg, topi
         with session(pg, APP) as c:
             before = pg.value("SELECT pg_current_wal_insert_lsn()")
             c.execute("BEGIN")
-            enqueue(c, topic, "k", "x")
-            try:
-                c.execute("COMMIT")
-            except psycopg.Error:
-                pass  # refusing the commit is a fine answer too
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+                enqueue(c, topic, "k", "x")
+            assert "may set it" in e.value.diag.message_hint
+            c.execute("ROLLBACK")
             written = pg.value("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", (before,))
     finally:
         pg.sql("DROP TRIGGER co_ahead ON outbox.events")
@@ -341,10 +331,6 @@ def test_deleted_rows_pad_at_most_a_byte_each(pg, topic):
 
 # -- a superuser's trigger that enqueues while the commit re-stamps ------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "an enqueue from a trigger fired by the re-stamp's UPDATE is noted after the keys were locked "
-    "and sorted: its key is never locked (nor its row re-stamped), and it raises that key's stripe; "
-    "a commit of that key in between, with a later stamp, commits first and sorts after"))
 def test_an_enqueue_from_a_trigger_at_the_restamp_keeps_commit_order(pg, topic):
     # The restamp's UPDATE fires a superuser's AFTER UPDATE trigger that enqueues for key 'audit'
     # (then waits on a gate): that row is noted after the keys were locked. T3 commits 'audit'
@@ -365,7 +351,8 @@ def test_an_enqueue_from_a_trigger_at_the_restamp_keeps_commit_order(pg, topic):
             c1 = InThread(t1, "COMMIT")
             released = False
             try:
-                wait_until(lambda: waiting_on_lock(pg, t1), what="T1's commit in the trigger, at the gate")
+                wait_until(lambda: not c1.thread.is_alive() or waiting_on_lock(pg, t1),
+                           what="T1's commit failed, or in the trigger at the gate")
                 c3 = InThread(t3, f"SELECT outbox.enqueue('{topic}', 'audit', 'T3'::text)")
                 wait_until(lambda: not c3.thread.is_alive() or waiting_on_lock(pg, t3), what="T3 done or waiting")
                 t3_first = not c3.thread.is_alive()
@@ -382,3 +369,33 @@ def test_an_enqueue_from_a_trigger_at_the_restamp_keeps_commit_order(pg, topic):
         pg.sql("DROP FUNCTION public.co_audit()")
     expected = ["T3"] if t1_failed else (["T3", "T1"] if t3_first else ["T1", "T3"])
     assert published_order(pg, topic, "audit") == expected
+    # The enqueue at the re-stamp is refused: B is rolled back with it.
+    assert isinstance(c1.error, psycopg.errors.FeatureNotSupported), c1.error
+    assert "trigger on outbox.events" in c1.error.diag.message_hint
+    assert published_order(pg, topic, "k") == ["A"]
+
+
+def test_a_trigger_that_skips_the_restamp_fails_the_commit(pg, topic):
+    # A superuser's BEFORE UPDATE trigger returning NULL would leave B's insert-time stamp below
+    # A's, though B commits later: the commit fails instead, and the next one is in order.
+    pg.sql("CREATE FUNCTION public.co_skip() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$")
+    pg.sql("CREATE TRIGGER co_skip BEFORE UPDATE ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.co_skip()")
+    try:
+        t1, t2 = session(pg, APP), session(pg, APP)
+        with t1, t2:
+            t1.execute("BEGIN")
+            enqueue(t1, topic, "k", "B")
+            enqueue(t2, topic, "k", "A")
+            with pytest.raises(psycopg.errors.TriggeredActionException) as e:
+                t1.execute("COMMIT")
+            assert "BEFORE UPDATE trigger" in e.value.diag.message_hint
+            assert our_locks_of(pg, t1) == {}
+    finally:
+        pg.sql("DROP TRIGGER co_skip ON outbox.events")
+        pg.sql("DROP FUNCTION public.co_skip()")
+    with session(pg, APP) as t1, session(pg, APP) as t2:
+        t1.execute("BEGIN")
+        enqueue(t1, topic, "k", "C")
+        enqueue(t2, topic, "k", "D")
+        t1.execute("COMMIT")
+    assert published_order(pg, topic, "k") == ["A", "D", "C"]
