@@ -119,8 +119,8 @@ WaitForKey(uint64 key_hash) {
 // at each of its keys without waiting; at a busy one it gives the global lock back, waits for
 // that key alone (holding up nobody but PREPAREs), and starts again. The keys' locks are never
 // kept: it holds at most two of ours besides the prepare gate, which keeps new PREPAREs of
-// enqueuing transactions out until it is done, so its retries are bounded by the transactions
-// prepared (or preparing) when it got the gate.
+// enqueuing transactions out until it is done: of prepared transactions it waits only for those
+// prepared (or preparing) when it got the gate, never for one prepared while it waits.
 void
 LockGlobalExclusive(const NotedRow *rows, Size count) {
 	if (max_prepared_xacts == 0) {
