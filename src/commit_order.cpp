@@ -18,6 +18,13 @@ namespace {
 // with objsubid 20290 (a key: objid and classid hold its hash) or 20291 (the global lock).
 constexpr uint16 kKeyLockClass = 0x4F42;
 constexpr uint16 kGlobalLockClass = 0x4F43;
+// objsubid 20292: the prepare gate (LockGlobalExclusive). A committer of many keys holds it while
+// it waits for a key (RowExclusive: such committers do not exclude each other), a PREPARE of an
+// enqueuing transaction while it takes its keys (Share).
+constexpr uint16 kPrepareGateClass = 0x4F44;
+
+// LSN_FORMAT_ARGS is C only (its type check does not compile as C++).
+#define LSN_HIGH_LOW(lsn) uint32((lsn) >> 32), uint32(lsn)
 
 struct NotedRow {
 	uint64 key_hash;
@@ -32,6 +39,9 @@ NotedRow *noted = nullptr;
 Size noted_count = 0;
 Size noted_capacity = 0;
 bool callbacks_registered = false;
+// From the moment this transaction locks its keys until it ends: a row noted then (an enqueue
+// from a trigger fired by the re-stamp) would be of a key it never locked.
+bool stamping = false;
 
 // CommitOrderTracked's answer for the transaction checked_lxid.
 LocalTransactionId checked_lxid = InvalidLocalTransactionId;
@@ -81,39 +91,117 @@ LockKey(uint64 key_hash) {
 	Lock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
 }
 
+bool
+TryLockKey(uint64 key_hash) {
+	LOCKTAG tag;
+	SetTag(&tag, uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass);
+	// dontWait still respects the wait queue: a key with waiters is busy, so no FIFO is lost.
+	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+void
+UnlockKey(uint64 key_hash) {
+	Unlock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
+}
+
+// Waits for a key alone, holding neither the global lock nor a key above it (DESIGN.md "Commit
+// order", deadlock). A lock wait: cancel, lock_timeout and the deadlock check serve it.
+void
+WaitForKey(uint64 key_hash) {
+	LockKey(key_hash);
+}
+
 // A prepared transaction gives its Share lock back at the end of its pre-prepare (below): held
 // until COMMIT PREPARED, it would hold up every committer of many keys, and with it every
 // committer queued behind that one's Exclusive request. So under the Exclusive lock a key lock
-// may still be held, by a prepared transaction (or by a committer whose commit is visible and
-// that is releasing its locks). The committer of many keys looks at each of its keys without
-// waiting; at a busy one it gives the global lock back, waits for that key alone (holding up
-// nobody else), and starts again. The keys' locks are never kept: it holds at most two of ours.
+// may still be held, by a prepared transaction (or by a committer waiting for a prepared key, or
+// one whose commit is visible and that is releasing its locks). The committer of many keys looks
+// at each of its keys without waiting; at a busy one it gives the global lock back, waits for
+// that key alone (holding up nobody but PREPAREs), and starts again. The keys' locks are never
+// kept: it holds at most two of ours besides the prepare gate, which keeps new PREPAREs of
+// enqueuing transactions out until it is done: of prepared transactions it waits only for those
+// prepared (or preparing) when it got the gate, never for one prepared while it waits.
 void
 LockGlobalExclusive(const NotedRow *rows, Size count) {
+	if (max_prepared_xacts == 0) {
+		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
+		return; // no prepared transaction: every holder of a key lock holds the Share lock too
+	}
+	Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
 	for (;;) {
 		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
-		if (max_prepared_xacts == 0) {
-			return; // no prepared transaction: every holder of a key lock holds the Share lock too
-		}
 		const NotedRow *busy = nullptr;
 		for (Size i = 0; i < count && busy == nullptr; i++) {
 			if (i > 0 && rows[i].key_hash == rows[i - 1].key_hash) {
 				continue;
 			}
-			LOCKTAG tag;
-			SetTag(&tag, uint32(rows[i].key_hash >> 32), uint32(rows[i].key_hash), kKeyLockClass);
-			if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL) {
-				busy = &rows[i];
+			if (TryLockKey(rows[i].key_hash)) {
+				UnlockKey(rows[i].key_hash);
 			} else {
-				(void)LockRelease(&tag, ExclusiveLock, false);
+				busy = &rows[i];
 			}
 		}
 		if (busy == nullptr) {
+			Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
 			return;
 		}
 		Unlock(0, 0, kGlobalLockClass, ExclusiveLock);
-		LockKey(busy->key_hash);
-		Unlock(uint32(busy->key_hash >> 32), uint32(busy->key_hash), kKeyLockClass, ExclusiveLock);
+		WaitForKey(busy->key_hash);
+		UnlockKey(busy->key_hash);
+	}
+}
+
+// A committer of few keys: the Share lock, then its keys in hash order. With prepared
+// transactions possible, a key lock may be held by one until COMMIT PREPARED, and a committer
+// waiting for it while holding Share would let a committer of many keys queue its Exclusive
+// request behind it, and everyone else behind that one. So it tries each key without waiting;
+// at a busy one it gives back Share and its keys above the busy one (none: it takes them in
+// order, except ones it waited for in an earlier round), waits for that key alone, keeps it and
+// starts again. It waits only for a key above every key it holds, holding no global lock.
+// A PREPARE holds the prepare gate in Share mode from before its first key until the end of its
+// pre-prepare (see LockGlobalExclusive).
+void
+LockKeys(const NotedRow *rows, Size count, bool preparing) {
+	if (max_prepared_xacts == 0) {
+		Lock(0, 0, kGlobalLockClass, ShareLock);
+		for (Size i = 0; i < count; i++) {
+			if (i == 0 || rows[i].key_hash != rows[i - 1].key_hash) {
+				LockKey(rows[i].key_hash);
+			}
+		}
+		return;
+	}
+	if (preparing) {
+		Lock(0, 0, kPrepareGateClass, ShareLock);
+	}
+	// held[i]: the lock of the key starting at rows[i] is ours (rows are sorted by key hash).
+	bool *held = static_cast<bool *>(palloc0(sizeof(bool) * count));
+	for (;;) {
+		Lock(0, 0, kGlobalLockClass, ShareLock);
+		Size busy = count;
+		for (Size i = 0; i < count && busy == count; i++) {
+			if ((i > 0 && rows[i].key_hash == rows[i - 1].key_hash) || held[i]) {
+				continue;
+			}
+			if (TryLockKey(rows[i].key_hash)) {
+				held[i] = true;
+			} else {
+				busy = i;
+			}
+		}
+		if (busy == count) {
+			pfree(held);
+			return;
+		}
+		Unlock(0, 0, kGlobalLockClass, ShareLock);
+		for (Size i = busy + 1; i < count; i++) {
+			if (held[i]) {
+				UnlockKey(rows[i].key_hash);
+				held[i] = false;
+			}
+		}
+		WaitForKey(rows[busy].key_hash);
+		held[busy] = true;
 	}
 }
 
@@ -121,11 +209,22 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 // keeps must lie below its commit (or PREPARE) record: after a restart or on a promoted standby
 // that has the commit, the WAL position, and so every stamp given from then on, is above it. A
 // re-stamp's rank counts the rows enqueue noted, also those deleted since (no UPDATE record for
-// them): this pads by at most one byte for each such row.
+// them): this pads by at most one byte for each such row. No stamp was above the insert position
+// when noted (NoteKeyedRow) and stripes are raised only past padded WAL, so more than `bound`
+// bytes means a bug: refuse rather than fill the disk. Interruptible: an ERROR here, at
+// pre-commit, aborts the transaction like any other.
 void
-WriteWalPast(XLogRecPtr stamp) {
+WriteWalPast(XLogRecPtr stamp, uint64 bound) {
 	static char padding[8192];
-	for (XLogRecPtr at = GetXLogInsertRecPtr(); at <= stamp; at = GetXLogInsertRecPtr()) {
+	XLogRecPtr start = GetXLogInsertRecPtr();
+	if (start <= stamp && stamp - start >= bound) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR),
+		                errmsg("outbox: commit-order stamp %X/%X is %llu bytes ahead of the WAL", LSN_HIGH_LOW(stamp),
+		                       static_cast<unsigned long long>(stamp - start)),
+		                errdetail("At most %llu bytes of no-op WAL were expected.", static_cast<unsigned long long>(bound))));
+	}
+	for (XLogRecPtr at = start; at <= stamp; at = GetXLogInsertRecPtr()) {
+		CHECK_FOR_INTERRUPTS();
 		uint64 missing = stamp - at + 1;
 		XLogBeginInsert();
 		XLogRegisterData(padding, uint32(Min(missing, uint64(sizeof(padding)))));
@@ -173,6 +272,22 @@ RestampPlan() {
 	return plan;
 }
 
+SPIPlanPtr
+ExistingRowsPlan() {
+	static SPIPlanPtr plan = nullptr;
+	if (plan == nullptr) {
+		Oid types[1] = {INT8ARRAYOID};
+		SPIPlanPtr p = SPI_prepare("SELECT pg_catalog.count(*) FROM outbox.events WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
+		                           1, types);
+		if (p == nullptr) {
+			elog(ERROR, "outbox: could not prepare the commit-order count: %s", SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(p);
+		plan = p;
+	}
+	return plan;
+}
+
 // Writes the new stamps of the rows marked restamp, as the table's owner, in a restricted
 // security context with a pinned search_path: no code of the committing role runs with the
 // locks this file holds, except triggers someone put on outbox.events (README "The table").
@@ -211,11 +326,31 @@ WriteStamps(Oid events, Size count) {
 	int guc_level = NewGUCNestLevel();
 	(void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
 	                        true, 0, false);
+	// A row level security policy that hid a row would skip its re-stamp silently: with
+	// row_security off, a policy that applies to the owner makes the statement fail instead.
+	(void)set_config_option("row_security", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	int rc = SPI_execute_plan(RestampPlan(), values, nullptr, false, 0);
 	if (rc != SPI_OK_UPDATE) {
 		elog(ERROR, "outbox: commit-order update failed: %s", SPI_result_code_string(rc));
+	}
+	uint64 updated = SPI_processed;
+	// Rows deleted since their enqueue are not updated; any other row not updated (a BEFORE UPDATE
+	// trigger that returned NULL) would keep a stamp out of commit order.
+	rc = SPI_execute_plan(ExistingRowsPlan(), values, nullptr, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1) {
+		elog(ERROR, "outbox: commit-order count failed: %s", SPI_result_code_string(rc));
+	}
+	bool isnull;
+	uint64 existing = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)));
+	if (updated != existing) {
+		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+		                errmsg("outbox: the commit-order update of outbox.events changed %llu of %llu rows",
+		                       static_cast<unsigned long long>(updated), static_cast<unsigned long long>(existing)),
+		                errdetail("Rows the commit must move above an earlier commit of their key were not updated."),
+		                errhint("A trigger on outbox.events must not skip an UPDATE (a BEFORE UPDATE trigger returning "
+		                        "NULL).")));
 	}
 	PopActiveSnapshot();
 	SPI_finish();
@@ -247,20 +382,16 @@ StampInCommitOrder(bool preparing) {
 		// of the database; giving it back at PREPARE would let a key's later committer go first.
 		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 		                errmsg("cannot PREPARE a transaction that enqueued events for more than %zu keys", KeyLockLimit()),
-		                errdetail("It enqueued events for %zu distinct (topic, key) pairs; until COMMIT PREPARED its "
+		                errdetail("It enqueued events for %zu distinct (topic, key) hashes; until COMMIT PREPARED its "
 		                          "commit-order lock would hold up every enqueuing commit of the database.", keys),
 		                errhint("Commit it without PREPARE TRANSACTION, or split it into transactions of at most %zu "
 		                        "keys (max_locks_per_transaction / 2).", KeyLockLimit())));
 	}
+	stamping = true; // an enqueue from now on would come after its key was locked
 	if (global_exclusive) {
 		LockGlobalExclusive(noted, noted_count);
 	} else {
-		Lock(0, 0, kGlobalLockClass, ShareLock);
-		for (Size i = 0; i < noted_count; i++) {
-			if (i == 0 || noted[i].key_hash != noted[i - 1].key_hash) {
-				LockKey(noted[i].key_hash);
-			}
-		}
+		LockKeys(noted, noted_count, preparing);
 	}
 
 	// Under the locks, every earlier committer of a key has raised its stripe to its highest
@@ -298,7 +429,7 @@ StampInCommitOrder(bool preparing) {
 	for (Size i = 0; i < noted_count; i++) {
 		highest = Max(highest, noted[i].order_lsn);
 	}
-	WriteWalPast(highest);
+	WriteWalPast(highest, uint64(noted_count) + 65536);
 	for (Size i = 0; i < noted_count; i++) {
 		if (i + 1 == noted_count || noted[i + 1].key_hash != noted[i].key_hash) {
 			RaiseStripe(noted[i].key_hash, noted[i].order_lsn);
@@ -308,11 +439,15 @@ StampInCommitOrder(bool preparing) {
 		// The key locks stay until COMMIT PREPARED; the Share lock only kept a committer of many
 		// keys out while this one took its keys and stamped (LockGlobalExclusive waits for the keys).
 		Unlock(0, 0, kGlobalLockClass, ShareLock);
+		if (max_prepared_xacts > 0) {
+			Unlock(0, 0, kPrepareGateClass, ShareLock);
+		}
 	}
 }
 
 void
 Forget() {
+	stamping = false;
 	noted = nullptr; // TopTransactionContext's memory, freed with it
 	noted_count = 0;
 	noted_capacity = 0;
@@ -380,6 +515,22 @@ CommitOrderTracked() {
 
 void
 NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn) {
+	if (stamping) {
+		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+		                errmsg("cannot enqueue an event while the transaction's events are put in commit order"),
+		                errdetail("The commit of this transaction locked its keys already; a key enqueued now "
+		                          "would not be in commit order."),
+		                errhint("Do not call outbox.enqueue from a trigger on outbox.events.")));
+	}
+	// The padding at commit (WriteWalPast) trusts the stamps: one above the WAL would make it
+	// write WAL up to there.
+	if (order_lsn > GetXLogInsertRecPtr()) {
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+		                errmsg("outbox.events.order_lsn %X/%X of the new event is ahead of the WAL insert position",
+		                       LSN_HIGH_LOW(order_lsn)),
+		                errhint("order_lsn must keep its default, pg_current_wal_insert_lsn(): no trigger or default on "
+		                        "outbox.events may set it.")));
+	}
 	if (!callbacks_registered) {
 		RegisterXactCallback(outbox_commit_order_xact_callback, nullptr);
 		RegisterSubXactCallback(outbox_commit_order_subxact_callback, nullptr);

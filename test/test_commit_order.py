@@ -14,6 +14,7 @@ from harness.wait import wait_until
 
 KEY_LOCK_CLASS = 0x4F42     # pg_locks.objsubid of commit_order.cpp's per-key locks
 GLOBAL_LOCK_CLASS = 0x4F43  # ... and of its global lock
+PREPARE_GATE_CLASS = 0x4F44  # ... and of its prepare gate
 
 
 APP = "co_app"            # only EXECUTE on enqueue (README "Privileges")
@@ -67,15 +68,16 @@ def our_locks_of_prepared(pg, gid):
         "SELECT l.objsubid, count(*) FROM pg_prepared_xacts p "
         "JOIN pg_locks x ON x.locktype = 'transactionid' AND x.transactionid = p.transaction "
         "JOIN pg_locks l ON l.virtualtransaction = x.virtualtransaction AND l.pid IS NULL "
-        "WHERE p.gid = %s AND l.locktype = 'advisory' AND l.objsubid IN (%s, %s) GROUP BY l.objsubid",
-        (gid, KEY_LOCK_CLASS, GLOBAL_LOCK_CLASS)))
+        "WHERE p.gid = %s AND l.locktype = 'advisory' AND l.objsubid IN (%s, %s, %s) GROUP BY l.objsubid",
+        (gid, KEY_LOCK_CLASS, GLOBAL_LOCK_CLASS, PREPARE_GATE_CLASS)))
 
 
 def our_locks_of(pg, c):
     """{(objsubid, granted): count} of commit_order.cpp's locks held or awaited by c's backend."""
     return {(r[0], r[1]): r[2] for r in pg.sql(
         "SELECT objsubid, granted, count(*) FROM pg_locks WHERE pid = %s AND locktype = 'advisory' "
-        "AND objsubid IN (%s, %s) GROUP BY 1, 2", (c.info.backend_pid, KEY_LOCK_CLASS, GLOBAL_LOCK_CLASS))}
+        "AND objsubid IN (%s, %s, %s) GROUP BY 1, 2",
+        (c.info.backend_pid, KEY_LOCK_CLASS, GLOBAL_LOCK_CLASS, PREPARE_GATE_CLASS))}
 
 
 def key_lock_limit(pg):
@@ -232,7 +234,7 @@ def test_keys_enqueued_in_opposite_orders_commit_without_deadlock(pg, topic):
 
 def test_hundred_thousand_keys_take_one_lock(pg, topic):
     # A prepared transaction holds k5, so the big commit waits where it can be looked at: for that
-    # key alone, holding no lock of ours, and the lock table has room for others.
+    # key alone, holding no lock of ours but the prepare gate, and the lock table has room for others.
     gid = "big-" + topic
     p, big, other = session(pg, APP), session(pg, APP), session(pg, lock_timeout="5s")
     with p, big, other:
@@ -245,7 +247,7 @@ def test_hundred_thousand_keys_take_one_lock(pg, topic):
         committer = InThread(big, "COMMIT")
         try:
             wait_until(lambda: waiting_on_lock(pg, big), what="the big commit waiting for k5")
-            assert our_locks_of(pg, big) == {(KEY_LOCK_CLASS, False): 1}
+            assert our_locks_of(pg, big) == {(KEY_LOCK_CLASS, False): 1, (PREPARE_GATE_CLASS, True): 1}
             other.execute("BEGIN")
             other.execute("SELECT count(pg_advisory_xact_lock(i)) FROM generate_series(1, 2000) i")
             enqueue(other, topic, "k-other", "other")
@@ -292,7 +294,7 @@ def test_prepare_of_more_keys_than_the_key_locks_is_refused(pg, topic):
             prepared_none = no_prepared_left(pg, gid)
     assert prepared_none
     assert f"more than {keys - 1} keys" in e.value.diag.message_primary
-    assert f"{keys} distinct (topic, key) pairs" in e.value.diag.message_detail
+    assert f"{keys} distinct (topic, key) hashes" in e.value.diag.message_detail
     assert "without PREPARE TRANSACTION" in e.value.diag.message_hint
     # Refused means rolled back, and nothing of ours is held: another commit goes at once.
     assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = %s", (topic,)) == 0
@@ -348,9 +350,10 @@ def test_a_committer_of_many_keys_waits_for_a_prepared_key_without_holding_up_ot
                      (topic, key_lock_limit(pg)))
         committer = InThread(many, "COMMIT")
         try:
-            # It waits for the prepared key, holding no lock of ours: others commit meanwhile.
+            # It waits for the prepared key, holding no lock of ours but the prepare gate (which
+            # only PREPAREs take): others commit meanwhile.
             wait_until(lambda: waiting_on_lock(pg, many), what="the many-key commit waiting for the shared key")
-            assert our_locks_of(pg, many) == {(KEY_LOCK_CLASS, False): 1}
+            assert our_locks_of(pg, many) == {(KEY_LOCK_CLASS, False): 1, (PREPARE_GATE_CLASS, True): 1}
             enqueue(plain, topic, "other", "T")
         finally:
             pg.sql(f"COMMIT PREPARED '{gid}'")
@@ -446,3 +449,32 @@ def test_a_promoted_standby_keeps_a_restamped_key_in_commit_order(standbys, topi
         with session(standby, APP) as c:
             enqueue(c, topic, "k", "C")
         assert published_order(standby, topic, "k") == ["A", kept, "C"]
+
+
+def test_a_crash_keeps_a_restamped_key_in_commit_order(pg, topic):
+    kept = restamped_after_deleting_its_rows(pg, topic, "k", "deleted")
+    pg.stop("immediate")  # a crash: recovery replays the WAL, the stripes are gone
+    pg.start()
+    with session(pg, APP) as c:
+        enqueue(c, topic, "k", "C")
+    assert published_order(pg, topic, "k") == ["A", kept, "C"]
+
+
+def test_a_prepared_restamp_keeps_its_key_in_commit_order_across_a_crash(pg, topic):
+    # Re-stamped at PREPARE (its stamps must lie below the PREPARE record), the server crashes,
+    # COMMIT PREPARED on the new run, then a commit of the key: it sorts after.
+    gid = "crash-" + topic
+    t1, t2 = session(pg, CANCELLER), session(pg, APP)
+    with t1, t2:
+        t1.execute("BEGIN")
+        ids = t1.execute("SELECT array_agg(id ORDER BY i) FROM (SELECT i, outbox.enqueue(%s, 'k', 'B-' || i) id "
+                         "FROM generate_series(1, %s) i) e", (topic, DELETED + 1)).fetchone()[0]
+        t1.execute("DELETE FROM outbox.events WHERE event_id = ANY(%s)", (ids[:-1],))
+        enqueue(t2, topic, "k", "A")
+        t1.execute(f"PREPARE TRANSACTION '{gid}'")
+    pg.stop("immediate")
+    pg.start()
+    pg.sql(f"COMMIT PREPARED '{gid}'")
+    with session(pg, APP) as c:
+        enqueue(c, topic, "k", "C")
+    assert published_order(pg, topic, "k") == ["A", f"B-{DELETED + 1}", "C"]
