@@ -24,21 +24,9 @@ mkdir -p "$(dirname "$out")" || die "cannot create $(dirname "$out")"
 out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 stamp="$out/.complete"
 
-is_complete() { [[ -f $stamp && $(cat "$stamp") == "$want" ]]; }
-
-if is_complete; then
-    echo "$out"
-    exit 0
-fi
-# Concurrent first runs: the loser of the race finds the stamp and returns without work.
-if command -v flock >/dev/null; then
-    exec 9>"$out.lock"
-    flock -w 1800 9 || die "timed out waiting for the lock $out.lock"
-    if is_complete; then
-        echo "$out"
-        exit 0
-    fi
-fi
+# shellcheck source=../lib/cache.sh
+source "$here/../lib/cache.sh"
+cached_or_lock "$out" "$want" "$out.lock"
 command -v mvn >/dev/null || die "mvn not found on PATH"
 command -v javac >/dev/null || die "javac not found on PATH (a JDK 17+ is needed, not only a JRE)"
 

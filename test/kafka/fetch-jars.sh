@@ -34,23 +34,9 @@ libs=$(cd "$(dirname "$libs")" && pwd)/$(basename "$libs")
 stamp="$libs/.complete"
 want=$(sha256sum "$pom" | cut -d' ' -f1)
 
-is_complete() { [[ -f $stamp && $(cat "$stamp") == "$want" ]]; }
-
-if is_complete; then
-    echo "$libs"
-    exit 0
-fi
-
-# Serialise concurrent first runs (parallel test jobs) on the same cache directory; the
-# loser of the race finds the stamp in place and returns without work.
-if command -v flock >/dev/null; then
-    exec 9>"$libs.lock"
-    flock -w 1800 9 || die "timed out waiting for the lock $libs.lock"
-    if is_complete; then
-        echo "$libs"
-        exit 0
-    fi
-fi
+# shellcheck source=../lib/cache.sh
+source "$here/../lib/cache.sh"
+cached_or_lock "$libs" "$want" "$libs.lock"
 
 command -v mvn >/dev/null || die "mvn not found on PATH (needed to fetch Kafka $version jars)"
 

@@ -55,19 +55,10 @@ prefix=$cache/prefix
 stamp=$prefix/.complete
 want="librdkafka $debian_version $dsc_sha256 configure --enable-ssl --enable-gssapi --enable-curl --enable-zstd --enable-lz4-ext"
 
-is_complete() { [[ -f $stamp && $(cat "$stamp") == "$want" ]]; }
-
-if is_complete; then
-	echo "$prefix"
-	exit 0
-fi
 mkdir -p "$cache"
-exec 9>"$cache/lock"
-flock -w 1800 9 || die "timed out waiting for the lock $cache/lock"
-if is_complete; then
-	echo "$prefix"
-	exit 0
-fi
+# shellcheck source=../lib/cache.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../lib/cache.sh"
+cached_or_lock "$prefix" "$want" "$cache/lock"
 
 work="$cache/work.$$"
 staging="$prefix.tmp.$$"
