@@ -56,7 +56,7 @@ HELD_SPELLINGS = [
     # Properties that run code, divert events or silence the reports the relay records from.
     "sasl.kerberos.kinit.cmd=true", "ssl.engine.location=/tmp/engine.so", "ssl.providers=legacy",
     "test.mock.num.brokers=1", "test.mock.broker.rtt=5", "delivery.report.only.error=true",
-    "topic.delivery.report.only.error=true", "topic.metadata.propagation.max.ms=600000",
+    "topic.metadata.propagation.max.ms=600000",
 ]
 
 
