@@ -53,7 +53,7 @@ ALTER SYSTEM SET outbox.kafka_properties = 'Partitioner=random;TOPIC.partitioner
 SELECT count(*) AS written FROM pg_file_settings WHERE name = 'outbox.kafka_properties' AND sourcefile LIKE '%auto.conf';
 ALTER SYSTEM RESET outbox.kafka_properties;
 -- Tuning and security properties are the operator's.
-ALTER SYSTEM SET outbox.kafka_properties = 'compression.type=zstd;topic.compression.codec=lz4;batch.num.messages=100;topic.metadata.propagation.max.ms=1000;message.max.bytes=2000000';
+ALTER SYSTEM SET outbox.kafka_properties = 'compression.type=zstd;topic.compression.codec=lz4;batch.num.messages=100;message.max.bytes=2000000';
 ALTER SYSTEM RESET outbox.kafka_properties;
 SELECT count(*) AS nothing_written FROM pg_file_settings WHERE name LIKE 'outbox.%' AND sourcefile LIKE '%auto.conf';
 -- Superusers can read the secret-holding setting (roles without privileges cannot, see privileges).

@@ -35,16 +35,35 @@ const Reserved kReserved[] = {
     {"queuing.strategy", "lifo would send a key's events out of order", "fifo", "lifo"},
     {"transactional.id", "the relay does not use Kafka transactions (every produce would be refused)", "a", "b"},
     {"internal.termination.signal", "a signal handler would replace PostgreSQL's", "0", "1"},
+    // Without reports of successes every acknowledged batch would time out and be sent again.
+    {"delivery.report.only.error", "the relay records each event from its delivery report", "false", "true"},
+    // The relay charges an unknown topic to the event after this long, not to the broker.
+    {"topic.metadata.propagation.max.ms", "set outbox.publish_timeout instead (the relay uses half of it)", "15000",
+     "15001"},
 };
 
 // Names refused before they are applied, even to a scratch configuration: setting them acts at
 // once. librdkafka matches names exactly (case and blanks count) and these have no alias, so the
 // name is the only spelling.
+// Each would let whoever may set outbox.kafka_properties run code as the server's OS user (that is,
+// be a superuser), or divert the events; the setting may be granted to a role that is none.
 const Reserved kRefusedByName[] = {
     // Loads the libraries when set; a plugin's code would run inside the server process, and its
     // interceptors could change any property behind the guard.
     {"plugin.library.paths", "a plugin would run its own code inside the PostgreSQL server process", nullptr,
      nullptr},
+    // A shell command the producer runs for GSSAPI (the default kinit command stays in use).
+    {"sasl.kerberos.kinit.cmd", "it runs a shell command as the PostgreSQL server's OS user", nullptr, nullptr},
+    // Shared objects OpenSSL loads into the server process.
+    {"ssl.engine.location", "it loads a shared object into the PostgreSQL server process", nullptr, nullptr},
+    {"ssl.providers", "it loads OpenSSL providers into the PostgreSQL server process", nullptr, nullptr},
+};
+
+// Name prefixes refused the same way: librdkafka's test.mock.* properties swap the brokers for an
+// in-process mock when the producer is made (after every check), so events would be recorded as
+// published that never reached Kafka.
+const Reserved kRefusedByPrefix[] = {
+    {"test.mock.", "it replaces the Kafka cluster with librdkafka's in-process mock", nullptr, nullptr},
 };
 
 std::string
@@ -111,6 +130,11 @@ ReservedGuard::Refusal(const std::string &name, const std::string &value) {
 	for (const Reserved &r : kRefusedByName) {
 		if (name == r.name) {
 			return RefusalText(name, r);
+		}
+	}
+	for (const Reserved &r : kRefusedByPrefix) {
+		if (name.compare(0, strlen(r.name), r.name) == 0) {
+			return "may not set \"" + name + "\": " + r.why;
 		}
 	}
 	char errstr[512];
