@@ -185,3 +185,32 @@ def test_a_restart_keeps_a_database_running_when_its_count_is_below_the_configur
                        and running(pg, "db_a") == 1, 30, "db_a running again on the slot it kept")
         except Timeout:
             raise AssertionError(f"db_a stays at 0 workers: {launcher_rows(pg, 'db_c')}")
+
+
+def test_two_databases_restarted_at_once_both_get_their_slots_back(mock_cluster):
+    # db_a and db_b (2 workers each) fill the budget of 4; db_w waits. Both restarted in one
+    # commit keep what they held: neither starves the other, nor does db_w take a slot meanwhile.
+    with cluster(mock_cluster, **{"outbox.max_workers": "4", "outbox.launcher_naptime": "'1h'"}) as pg:
+        need_grant_set(pg)
+        for db in ("db_a", "db_b"):
+            add_database(pg, mock_cluster, db, extension=False)
+            pg.sql(f"ALTER DATABASE {db} SET outbox.workers = 2", dbname="postgres")
+            pg.sql("CREATE EXTENSION outbox", dbname=db)
+            wait_running(pg, db, 2)
+        add_database(pg, mock_cluster, "db_w")
+        wait_until(lambda: launcher_rows(pg, "db_a").get("db_w", ("",))[0] == "no worker slot", 30,
+                   "db_w waiting for a slot")
+        pg.sql("CREATE ROLE setter LOGIN")
+        for db in ("db_a", "db_b"):
+            pg.sql(f"ALTER DATABASE {db} OWNER TO setter", dbname="postgres")
+        pg.sql("GRANT SET ON PARAMETER outbox.workers TO setter")
+        before = {db: runs(pg, db) for db in ("db_a", "db_b")}
+        with connect_as(pg, "setter", "postgres") as c:
+            for _ in range(5):
+                c.execute("ALTER DATABASE db_a SET outbox.workers = 2")
+                c.execute("ALTER DATABASE db_b SET outbox.workers = 2")
+                c.commit()
+        for db in ("db_a", "db_b"):
+            wait_until(lambda: (r := runs(pg, db)) != before[db] and len(r) == 2 and all(x[1] for x in r)
+                       and running(pg, db) == 2, 60, f"{db} running again with both workers")
+        assert running(pg, "db_w") == 0 and launcher_rows(pg, "db_a")["db_w"][0] == "no worker slot"
