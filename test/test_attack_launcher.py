@@ -8,8 +8,8 @@ import psycopg
 import pytest
 
 from harness.wait import Timeout, wait_until
-from test_launcher import add_database, cluster, connect_as, launcher_rows, quote, running, runs, served_after, \
-    wait_running
+from test_launcher import (add_database, cluster, connect_as, launcher_rows, pending, quote, running, runs,
+                           served_after, wait_running)
 
 
 def need_grant_set(pg):
@@ -214,3 +214,35 @@ def test_two_databases_restarted_at_once_both_get_their_slots_back(mock_cluster)
             wait_until(lambda: (r := runs(pg, db)) != before[db] and len(r) == 2 and all(x[1] for x in r)
                        and running(pg, db) == 2, 60, f"{db} running again with both workers")
         assert running(pg, "db_w") == 0 and launcher_rows(pg, "db_a")["db_w"][0] == "no worker slot"
+
+
+def test_a_loop_of_statements_a_role_with_only_connect_may_run_does_not_stall_a_backlog(mock_cluster):
+    # Issue 15 item 1's measure: while a role with only CONNECT runs, as fast as it can, every
+    # statement of the kind the launcher listens to that it can make succeed (and ones that fail
+    # in a savepoint of a transaction that commits), db_b's backlog is published to the end by
+    # the same two workers it started with.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        for db in ("db_a", "db_b"):
+            add_database(pg, mock_cluster, db)
+        pg.sql("ALTER DATABASE db_b SET outbox.workers = 2", dbname="postgres")
+        pg.sql("CREATE ROLE mallory LOGIN")
+        pg.sql("REVOKE CONNECT ON DATABASE db_b FROM PUBLIC", dbname="postgres")
+        wait_running(pg, "db_a", 1)
+        wait_running(pg, "db_b", 2)
+        before = runs(pg, "db_b")
+        pg.sql("SELECT outbox.enqueue('db_b', 'k' || (i % 50), 'x'::text) FROM generate_series(1, 20000) i",
+               dbname="db_b")
+        statements = 0
+        with connect_as(pg, "mallory", "db_a", autocommit=True) as c:
+            def published():
+                nonlocal statements
+                for i in range(20):
+                    c.execute(f"DROP DATABASE IF EXISTS no_such_{statements}_{i}")
+                    c.execute("CREATE EXTENSION IF NOT EXISTS outbox")
+                    with c.transaction():
+                        failing(c, f"ALTER DATABASE no_such_{i} SET outbox.workers = 1")
+                        failing(c, "ALTER DATABASE db_b SET outbox.workers = 1")
+                    statements += 4
+                return pending(pg, "db_b") == 0
+            wait_until(published, 120, "db_b's backlog published while the statements run")
+        assert statements > 0 and runs(pg, "db_b") == before
