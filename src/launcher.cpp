@@ -585,7 +585,7 @@ TakeRequests() {
 		// A look under way that finds no extension may have looked before this commit.
 		db->asked_at = Now();
 		int slots[kMaxSlots];
-		if (SlotsOf(db->oid, slots) == 0) {
+		if (SlotsOf(db->oid, slots) == 0 && db->kept == 0) { // (one that keeps slots restarts on them)
 			if (!SingleDatabaseMode()) {
 				db->extension = Extension::Unknown;
 			}
@@ -598,8 +598,8 @@ TakeRequests() {
 }
 
 // Restarts sessions asked for on a database's slots (its outbox.workers changed, which only a
-// worker connected to it sees): all of its workers stop, and worker 0 starts again with the
-// probe count, on the slots the database keeps meanwhile.
+// worker connected to it sees): all of its workers stop and start again with the count they ran
+// with (worker 0 corrects it), on the slots the database keeps meanwhile.
 void
 TakeRestarts() {
 	for (int s = 0; s < settings.max_workers; s++) {
@@ -625,7 +625,9 @@ TakeRestarts() {
 		if (!SingleDatabaseMode()) {
 			db->extension = Extension::Unknown;
 		}
-		db->wanted = ProbeCount();
+		// Again with the count it ran with, on the slots it keeps (worker 0 corrects a changed
+		// count): the files' count may need more slots than it kept, and leave it with none.
+		db->wanted = n > 0 ? n : ProbeCount();
 		db->next_probe = 0;
 		db->not_before = 0;
 	}
@@ -637,7 +639,7 @@ void
 ProbeAgainWithoutSlots() {
 	for (int i = 0; i < n_databases; i++) {
 		int slots[kMaxSlots];
-		if (databases[i].wanted != 0 && SlotsOf(databases[i].oid, slots) == 0) {
+		if (databases[i].wanted != 0 && databases[i].kept == 0 && SlotsOf(databases[i].oid, slots) == 0) {
 			databases[i].wanted = ProbeCount();
 		}
 	}

@@ -158,10 +158,6 @@ def test_a_role_granted_set_on_outbox_workers_restarts_only_its_database_and_kee
         assert running(pg, "db_w") == 0 and launcher_rows(pg, "db_b")["db_w"][0] == "no worker slot"
 
 
-@pytest.mark.xfail(strict=True, reason="a restart asked by ALTER DATABASE ... SET outbox.workers starts the database "
-                   "again with the probe count (the configuration files' outbox.workers), not on the slots it kept: "
-                   "a database whose own count is lower than that needs more free slots than it kept and stays at "
-                   "0 workers while the budget is used (launcher.cpp TakeRestarts)")
 def test_a_restart_keeps_a_database_running_when_its_count_is_below_the_configured_one(mock_cluster):
     # outbox.workers = 2 in the configuration files, db_a's own 1; db_c takes the other 2 slots
     # of 3. db_a's owner sets db_a's count again (the same 1): db_a kept 1 slot, and must run again.
