@@ -585,7 +585,7 @@ TakeRequests() {
 		// A look under way that finds no extension may have looked before this commit.
 		db->asked_at = Now();
 		int slots[kMaxSlots];
-		if (SlotsOf(db->oid, slots) == 0 && db->kept == 0) { // (one that keeps slots restarts on them)
+		if (SlotsOf(db->oid, slots) == 0) {
 			if (!SingleDatabaseMode()) {
 				db->extension = Extension::Unknown;
 			}
@@ -639,7 +639,7 @@ void
 ProbeAgainWithoutSlots() {
 	for (int i = 0; i < n_databases; i++) {
 		int slots[kMaxSlots];
-		if (databases[i].wanted != 0 && databases[i].kept == 0 && SlotsOf(databases[i].oid, slots) == 0) {
+		if (databases[i].wanted != 0 && SlotsOf(databases[i].oid, slots) == 0) {
 			databases[i].wanted = ProbeCount();
 		}
 	}
