@@ -192,8 +192,7 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 		Oid db = get_database_oid(drop->dbname, true);
 		if (DropWillProceed(drop, context, db)) {
 			ereport(LOG, (errmsg("outbox: stopping the relay workers for DROP DATABASE \"%s\"", drop->dbname)));
-			StopRelayWorkers(db);
-			stopped_for = db;
+			stopped_for = db; // stopped in the PG_TRY below: a cancel while they stop resumes them
 		}
 	}
 	Oid renaming = InvalidOid;
@@ -202,12 +201,14 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 		Oid db = get_database_oid(rename->subname, true);
 		if (RenameWillProceed(db)) {
 			ereport(LOG, (errmsg("outbox: stopping the relay workers for ALTER DATABASE \"%s\" RENAME", rename->subname)));
-			StopRelayWorkers(db);
 			stopped_for = renaming = db;
 		}
 	}
 	PG_TRY();
 	{
+		if (OidIsValid(stopped_for)) {
+			StopRelayWorkers(stopped_for); // serves interrupts while it waits
+		}
 		if (previous_utility_hook) {
 			previous_utility_hook(pstmt, query, read_only_tree, context, params, query_env, dest, qc);
 		} else {
@@ -216,7 +217,8 @@ OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUti
 	}
 	PG_CATCH();
 	{
-		// The drop (or rename) failed after all: the launcher starts the database's workers again.
+		// The drop (or rename) failed after all, or was cancelled while the workers stopped: the
+		// launcher starts the database's workers again.
 		if (OidIsValid(stopped_for)) {
 			ResumeDatabase(stopped_for);
 		}

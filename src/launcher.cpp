@@ -598,8 +598,8 @@ TakeRequests() {
 }
 
 // Restarts sessions asked for on a database's slots (its outbox.workers changed, which only a
-// worker connected to it sees): all of its workers stop, and worker 0 starts again with the
-// probe count, on the slots the database keeps meanwhile.
+// worker connected to it sees): all of its workers stop and start again with the count they ran
+// with (worker 0 corrects it), on the slots the database keeps meanwhile.
 void
 TakeRestarts() {
 	for (int s = 0; s < settings.max_workers; s++) {
@@ -625,7 +625,9 @@ TakeRestarts() {
 		if (!SingleDatabaseMode()) {
 			db->extension = Extension::Unknown;
 		}
-		db->wanted = ProbeCount();
+		// Again with the count it ran with, on the slots it keeps (worker 0 corrects a changed
+		// count): the files' count may need more slots than it kept, and leave it with none.
+		db->wanted = n > 0 ? n : ProbeCount();
 		db->next_probe = 0;
 		db->not_before = 0;
 	}
