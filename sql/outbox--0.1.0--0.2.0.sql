@@ -21,7 +21,7 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 REVOKE ALL ON FUNCTION outbox.lane_of(text, uuid) FROM PUBLIC;
 
 -- The rules of a row, for the table's one CHECK (events_row_check, below, once the envelope
--- columns exist): src/row_check.cpp. One C function rather than a CHECK per rule: PostgreSQL
+-- columns exist): src/enqueue/row_check.cpp. One C function rather than a CHECK per rule: PostgreSQL
 -- prepares every CHECK expression again for each INSERT and UPDATE statement, and a CHECK per rule
 -- cost enqueue's one-row INSERT more than the row itself. A broken rule raises check_violation
 -- with the rule's own constraint name (events_lane_of_key_check, events_topic_check, ...).

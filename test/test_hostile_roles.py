@@ -166,8 +166,8 @@ def assert_cannot_signal_the_worker(pg, role, pid, dbname=None):
 
 
 def relay_sql(name):
-    """A statement of the relay verbatim from src/relay_sql.cpp (for the control experiments)."""
-    path = os.path.join(os.path.dirname(__file__), "..", "src", "relay_sql.cpp")
+    """A statement of the relay verbatim from src/relay/relay_sql.cpp (for the control experiments)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "src", "relay", "relay_sql.cpp")
     with open(path) as f:
         source = f.read()
     return re.search(r'const char \*const ' + name + r' = R"SQL\((.*?)\)SQL"', source, re.S).group(1)
