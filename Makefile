@@ -3,7 +3,7 @@
 #   make && sudo make install     build outbox.so (C++17) and install it with the SQL script
 #   make RDKAFKA_PREFIX=DIR      the same against the librdkafka installed under DIR
 #   make installcheck             pg_regress + isolation tests on a throwaway cluster of their own
-#   test/run                      everything the README's test command runs (installs what is missing)
+#   test/run                      everything the test command runs (docs/testing.md) (installs what is missing)
 
 EXTENSION   = outbox
 EXTVERSION  = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" outbox.control)

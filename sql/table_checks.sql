@@ -5,7 +5,7 @@
 TRUNCATE outbox.events;
 \set good_id '''00000000-0000-4000-8000-000000000001'''
 
--- A row written by hand the way the README shows is accepted.
+-- A row written by hand the way docs/sql-api.md "The table" shows is accepted.
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
 VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x7b7d', '{"trace": "t"}');
 SELECT topic, key, lane = outbox.lane_of(key, event_id) AS lane_matches FROM outbox.events;

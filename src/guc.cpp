@@ -123,7 +123,7 @@ const struct config_enum_entry kFailoverTimeoutPolicies[] = {
     {nullptr, 0, false},
 };
 
-// Failover-safe publishing (standby_wait.cpp, README "Failover-safe publishing"). SIGHUP: which
+// Failover-safe publishing (standby_wait.cpp, docs/failover.md). SIGHUP: which
 // standbys a failover may go to is the operator's decision, not a session's.
 void
 DefineFailoverSettings() {

@@ -290,10 +290,10 @@ ExistingRowsPlan() {
 
 // Writes the new stamps of the rows marked restamp, as the table's owner, in a restricted
 // security context with a pinned search_path: no code of the committing role runs with the
-// locks this file holds, except triggers someone put on outbox.events (README "The table").
+// locks this file holds, except triggers someone put on outbox.events (docs/sql-api.md "The table").
 //
 // This runs in the pre-commit callback, after the deferred triggers fired: a trigger that an
-// UPDATE here queues as deferred would not fire (none of the extension's own; README says so).
+// UPDATE here queues as deferred would not fire (none of the extension's own).
 // SPI itself is fine there: the transaction is still fully open (PreCommit_Portals has closed
 // the portals, an error still aborts it cleanly), which is what postgres_fdw relies on too.
 void
@@ -375,7 +375,7 @@ StampInCommitOrder(bool preparing) {
 	}
 
 	// Locks in one order (the global one, then keys by hash), taken after all user code: no
-	// deadlock between committers, none with the caller's own locks (README "Commit order").
+	// deadlock between committers, none with the caller's own locks (DESIGN.md "Commit order").
 	bool global_exclusive = keys > KeyLockLimit();
 	if (global_exclusive && preparing) {
 		// Its Exclusive lock would be held until COMMIT PREPARED, and stop every enqueuing commit

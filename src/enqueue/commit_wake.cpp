@@ -26,7 +26,7 @@ OnTransactionEnd(XactEvent event, void *) {
 	case XACT_EVENT_PARALLEL_ABORT:
 	case XACT_EVENT_PREPARE:
 		// A prepared transaction does not wake the relay when COMMIT PREPARED runs later; the
-		// poll interval picks its events up (README "Settings": outbox.poll_interval).
+		// poll interval picks its events up (docs/settings.md: outbox.poll_interval).
 		wake_lanes = {};
 		break;
 	default:

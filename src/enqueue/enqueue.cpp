@@ -205,7 +205,7 @@ OptionalText(FunctionCallInfo fcinfo, int arg) {
 	return ArgGiven(fcinfo, arg) ? PG_GETARG_TEXT_PP(arg) : nullptr;
 }
 
-// What the row carries besides topic, key, payload and headers (README "Envelopes and trace context").
+// What the row carries besides topic, key, payload and headers (docs/envelopes.md).
 struct Envelope {
 	bool columns; // the row needs the envelope columns
 	bool partition_null;

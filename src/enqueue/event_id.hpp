@@ -9,7 +9,7 @@ namespace outbox {
 
 constexpr size_t kUuidBytes = 16;
 
-// The fixed namespace of outbox.event_id(aggregate, discriminator). Published in the README;
+// The fixed namespace of outbox.event_id(aggregate, discriminator). Published in docs/sql-api.md;
 // changing it would change every id ever derived, so it never changes.
 // d4e3f08c-32f8-4d92-844f-adced4c5bfb1
 extern const uint8_t kEventIdNamespace[kUuidBytes];

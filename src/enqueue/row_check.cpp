@@ -1,4 +1,4 @@
-// outbox.events_row_check(...): the rules of an outbox.events row (README "The table"), all in one
+// outbox.events_row_check(...): the rules of an outbox.events row (docs/sql-api.md "The table"), all in one
 // CHECK constraint, events_row_check. enqueue writes only rows that pass; the rules stop rows
 // written by hand that the relay could not publish or would misorder.
 //

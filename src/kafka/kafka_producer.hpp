@@ -140,7 +140,7 @@ const char *ErrorText(int err) noexcept;
 // its rpath (make RDKAFKA_PREFIX=...) or the system's library search found that one.
 const char *LibraryVersion() noexcept;
 
-// The waits' bounds (README, DESIGN.md "Failures").
+// The waits' bounds (docs/settings.md, DESIGN.md "Failures").
 constexpr int kMetadataLookupMs = 500;
 constexpr int kQueueFullBudgetMs = 5000;
 constexpr int kWaitSliceMs = 100;

@@ -1,7 +1,7 @@
 // The launcher: one background worker, connected to no database (only the shared catalogs),
 // that starts the relay workers of every database where the extension is installed and stops
 // them when it is dropped, its database is dropped or its outbox.workers changes
-// (README "Many databases", DESIGN.md "Launcher").
+// (docs/many-databases.md, DESIGN.md "Launcher").
 #pragma once
 
 #include "shared/pg_include.hpp"

@@ -634,7 +634,7 @@ CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 	CopyEnvelope(tuple, desc, e);
 }
 
-// The envelope columns, after the claim's own (README "Envelopes and trace context"): the
+// The envelope columns, after the claim's own (docs/envelopes.md): the
 // partition, the record's timestamp and, for a CloudEvent, its ce_* headers.
 void
 CopyEnvelope(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {

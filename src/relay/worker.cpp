@@ -27,7 +27,7 @@ namespace outbox {
 namespace {
 
 constexpr long kErrorPauseMs = 1000;
-// SIGTERM, fast shutdown and cancel are served within 5 s (README, DESIGN.md): a wait inside the
+// SIGTERM, fast shutdown and cancel are served within 5 s (docs/settings.md, DESIGN.md): a wait inside the
 // producer ends within one slice (kafka::kMetadataLookupMs at most), a batch in flight gets
 // kShutdownGraceMs for its reports, and recording it and closing the producer take the rest.
 constexpr long kShutdownGraceMs = 3000;
@@ -517,7 +517,7 @@ TakeResult(int i, const kafka::Delivery &d, Outcome *outcomes, const char **erro
 		break;
 	case kafka::ErrorClass::UnknownPartition:
 		// Failed at once, not after outbox.max_attempts: partitions exist or not by the topic's
-		// configuration (README "Partitions").
+		// configuration (docs/envelopes.md "Partitions").
 		outcomes[i] = Outcome::Quarantined;
 		errors[i] = psprintf("partition %d does not exist in the event's topic (%s)", int(d.partition), errors[i]);
 		break;

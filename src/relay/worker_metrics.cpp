@@ -1,5 +1,5 @@
 // outbox.worker_metrics(): the metrics of the relay workers' shared-memory slots as one wide row
-// per worker (behind the view outbox.worker_metrics; README "Metrics"). Each histogram is four
+// per worker (behind the view outbox.worker_metrics; docs/metrics.md). Each histogram is four
 // columns in the layout postgres_exporter's HISTOGRAM usage reads: NAME (the finite buckets'
 // upper bounds), NAME_bucket (cumulative counts per bound), NAME_sum, NAME_count.
 #include "shared/boundary.hpp"

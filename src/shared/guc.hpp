@@ -1,4 +1,4 @@
-// The outbox.* settings (README "Settings").
+// The outbox.* settings (docs/settings.md).
 #pragma once
 
 namespace outbox {
@@ -43,7 +43,7 @@ struct Settings {
 	// Privilege: the role the relay's statements run as, and the topics events may name.
 	char *relay_role;
 	char *allowed_topics; // "" = any topic; else a comma-separated list of names and prefix*
-	// Envelopes (README "Envelopes and trace context").
+	// Envelopes (docs/envelopes.md).
 	char *cloudevents_topics; // "" = none; else like allowed_topics: their events are CloudEvents
 	char *cloudevents_source; // ce_source of events that name none ("" = /outbox/<database>)
 	int message_timestamp;    // MessageTimestamp

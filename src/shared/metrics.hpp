@@ -1,4 +1,4 @@
-// Relay metrics (README "Metrics"): counters and fixed-bucket histograms in each worker's
+// Relay metrics (docs/metrics.md): counters and fixed-bucket histograms in each worker's
 // shared-memory slot, updated by the worker under the slot's spinlock and read by
 // outbox.worker_metrics(). Histograms are Prometheus style: per-bucket counts, a sum and a count.
 #pragma once
