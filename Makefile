@@ -3,12 +3,13 @@
 #   make && sudo make install     build outbox.so (C++17) and install it with the SQL script
 #   make RDKAFKA_PREFIX=DIR      the same against the librdkafka installed under DIR
 #   make installcheck             pg_regress + isolation tests on a throwaway cluster of their own
-#   test/run                      everything the README's test command runs (installs what is missing)
+#   test/run                      everything the test command runs (docs/testing.md) (installs what is missing)
 
 EXTENSION   = outbox
 EXTVERSION  = $(shell sed -n "s/^default_version *= *'\(.*\)'/\1/p" outbox.control)
 MODULE_big  = outbox
-SRCS        = $(sort $(wildcard src/*.cpp))
+# One folder per part of the relay (src/README.md, DESIGN.md "Source layout"), the module at the top.
+SRCS        = $(sort $(wildcard src/*.cpp src/*/*.cpp))
 OBJS        = $(SRCS:.cpp=.o)
 DATA        = $(wildcard sql/outbox--*.sql)
 
@@ -64,14 +65,17 @@ endif
 # one compiler, no clang dependency. (Set with_llvm=yes on the command line to build it anyway.)
 override with_llvm = no
 
-EXTRA_CLEAN = tmp_check tmp_check_iso output_iso results regression.diffs regression.out .deps
+# Objects of src/ at any depth, also those a build of an older layout left behind.
+EXTRA_CLEAN = tmp_check tmp_check_iso output_iso results regression.diffs regression.out .deps \
+              $(wildcard src/*.o src/*/*.o)
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
 # Header edits rebuild the objects that include them (GCC dependency files).
-DEPFLAGS = -MMD -MP -MF .deps/$(notdir $*).d
+# .deps mirrors src/'s folders (.deps/src/relay/worker.d).
+DEPFLAGS = -MMD -MP -MF .deps/$*.d
 %.o: %.cpp
-	@mkdir -p .deps
+	@mkdir -p $(dir .deps/$*)
 	$(CXX) $(CXXFLAGS) $(CPPFLAGS) $(DEPFLAGS) -c -o $@ $<
--include $(wildcard .deps/*.d)
+-include $(wildcard .deps/src/*.d .deps/src/*/*.d)

@@ -96,7 +96,7 @@ class Postgres:
         self.sql("CREATE SCHEMA IF NOT EXISTS bench")
         with self.connect() as c:
             c.execute(sql_floor.FLOOR_PROCEDURE_SQL)
-            # The relay's own statements as a floor, while src/relay_sql.cpp has them in the
+            # The relay's own statements as a floor, while src/relay/relay_sql.cpp has them in the
             # shape sql_floor.py reads; the bench does not depend on it.
             try:
                 c.execute(sql_floor.procedure_sql())
@@ -589,8 +589,8 @@ def machine_info():
     # can still be told apart.
     import hashlib
     digest = hashlib.sha1()
-    for path in sorted(list((REPO / "src").glob("*.[ch]pp")) + list((REPO / "sql").glob("outbox--*.sql"))):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted(list((REPO / "src").rglob("*.[ch]pp")) + list((REPO / "sql").glob("outbox--*.sql"))):
+        digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     return {
         "cpu": cpu, "cores": os.cpu_count(), "memory_gb": round(mem_kb / 1048576, 1) if mem_kb else None,
         "os": os_release.get("PRETTY_NAME"), "kernel": platform.release(),

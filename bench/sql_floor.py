@@ -1,5 +1,5 @@
 """The SQL floor: the relay's own claim (candidates, lock) and record statements, read from
-src/relay_sql.cpp, run in a loop with no Kafka at all (every claimed event is recorded as
+src/relay/relay_sql.cpp, run in a loop with no Kafka at all (every claimed event is recorded as
 published at once), claim and record in one transaction as the relay runs them.
 
 They run server-side in a PL/pgSQL procedure, the way the relay worker runs them through SPI:
@@ -11,7 +11,7 @@ per row, so the floor is not flattered by psycopg overhead."""
 import re
 from pathlib import Path
 
-RELAY_SQL = Path(__file__).resolve().parents[1] / "src" / "relay_sql.cpp"
+RELAY_SQL = Path(__file__).resolve().parents[1] / "src" / "relay" / "relay_sql.cpp"
 
 
 def relay_statements(path=RELAY_SQL):
@@ -56,7 +56,7 @@ BEGIN
 	LOOP
 		v_ids := '{{}}';
 		v_tids := '{{}}';
-		-- claim, one transaction with the record (src/relay_sql.cpp kCandidatesSql, kLockSql)
+		-- claim, one transaction with the record (src/relay/relay_sql.cpp kCandidatesSql, kLockSql)
 		FOR r IN {candidates}
 		LOOP
 			v_tids := v_tids || r.ctid;
@@ -71,7 +71,7 @@ BEGIN
 		v_offsets := ARRAY(SELECT generate_series(1, v_n)::bigint);
 		-- The relay runs its record statement's generic plan (relay_sql.cpp published_stmt).
 		PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-		-- record (src/relay_sql.cpp kPublishedSql)
+		-- record (src/relay/relay_sql.cpp kPublishedSql)
 		{published};
 		COMMIT;
 	END LOOP;

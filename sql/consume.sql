@@ -72,7 +72,7 @@ SELECT count(*) AS marks_after FROM outbox.consumed;
 -- The window is the operator's: a session cannot shorten it.
 SET outbox.consumed_retention = '1s';
 
--- Privileges: nothing for PUBLIC; the README's grant lets a consumer role mark events, through
+-- Privileges: nothing for PUBLIC; docs/privileges.md's grant lets a consumer role mark events, through
 -- the SECURITY DEFINER function only.
 SELECT has_table_privilege('public', 'outbox.consumed', 'SELECT') AS public_select,
        has_function_privilege('public', 'outbox.consume_once(text, uuid)', 'EXECUTE') AS public_consume_once,

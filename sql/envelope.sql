@@ -1,4 +1,4 @@
--- outbox.enqueue()'s envelope arguments (README "Envelopes and trace context"): an explicit
+-- outbox.enqueue()'s envelope arguments (docs/envelopes.md): an explicit
 -- partition, the W3C trace context, CloudEvents. Each bad input is refused with its SQLSTATE and
 -- hint, and nothing is inserted.
 \set tp '00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'

@@ -1,5 +1,5 @@
 -- Deterministic event ids. The expected values were computed by an independent implementation
--- (Python's uuid.uuid5), see README "Event ids" and test/vectors/.
+-- (Python's uuid.uuid5), see docs/sql-api.md (outbox.event_id) and test/vectors/.
 
 -- Plain RFC 9562 version 5: the RFC's own example (DNS namespace, "www.example.com").
 SELECT outbox.event_id('6ba7b810-9dad-11d1-80b4-00c04fd430c8'::uuid, 'www.example.com');

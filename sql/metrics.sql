@@ -38,7 +38,7 @@ SELECT * FROM outbox.topic_metrics;
 SELECT * FROM outbox.topic_metrics();
 SELECT * FROM outbox.worker_metrics();
 RESET ROLE;
--- The README's grants for a role outside pg_monitor.
+-- docs/privileges.md's grants for a role outside pg_monitor.
 GRANT SELECT ON outbox.worker_metrics, outbox.topic_metrics TO outbox_test_other;
 GRANT EXECUTE ON FUNCTION outbox.worker_metrics(), outbox.topic_metrics() TO outbox_test_other;
 SET ROLE outbox_test_other;

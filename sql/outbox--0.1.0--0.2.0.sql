@@ -6,9 +6,9 @@
 
 -- ---------------------------------------------------------------------------------------------
 -- Row shapes. enqueue() only ever writes rows that pass these; the checks stop rows written by
--- hand (README "The table") that would otherwise make the relay loop on an error or misorder a
+-- hand (docs/sql-api.md "The table") that would otherwise make the relay loop on an error or misorder a
 -- key. Validating them scans the table once; a row written by hand that breaks one makes the
--- update fail with the constraint's name, and nothing changes (README "Upgrading").
+-- update fail with the constraint's name, and nothing changes (docs/upgrading.md).
 -- ---------------------------------------------------------------------------------------------
 
 -- The lane a key (or, unkeyed, an event id) belongs to: the same 32-bit FNV-1a that enqueue
@@ -21,7 +21,7 @@ LANGUAGE C IMMUTABLE PARALLEL SAFE;
 REVOKE ALL ON FUNCTION outbox.lane_of(text, uuid) FROM PUBLIC;
 
 -- The rules of a row, for the table's one CHECK (events_row_check, below, once the envelope
--- columns exist): src/row_check.cpp. One C function rather than a CHECK per rule: PostgreSQL
+-- columns exist): src/enqueue/row_check.cpp. One C function rather than a CHECK per rule: PostgreSQL
 -- prepares every CHECK expression again for each INSERT and UPDATE statement, and a CHECK per rule
 -- cost enqueue's one-row INSERT more than the row itself. A broken rule raises check_violation
 -- with the rule's own constraint name (events_lane_of_key_check, events_topic_check, ...).
@@ -138,7 +138,7 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
 -- ---------------------------------------------------------------------------------------------
 -- The relay's role (outbox.relay_role, default outbox_relay): every relay statement runs as it,
 -- never as a superuser, with exactly these rights. NOLOGIN: the relay switches to it inside its
--- own session (README "Privileges"). A role that already exists is used as it is, unless it has
+-- own session (docs/privileges.md). A role that already exists is used as it is, unless it has
 -- an attribute that reaches further (SUPERUSER, LOGIN, ...); the relay checks that again before
 -- every step, and refuses it while other roles are members of it (they could act as it).
 -- ---------------------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ END
 $$;
 
 -- ---------------------------------------------------------------------------------------------
--- Consumer-side dedup (README "Consumers: exactly-once effects"). Delivery is at least once; a
+-- Consumer-side dedup (docs/consumers.md). Delivery is at least once; a
 -- consumer that writes to Postgres gets each effect once by marking the event in the same
 -- transaction as the effect: outbox.consume_once(consumer, event_id) is true the first time and
 -- false for a duplicate. The marks are the dedup ledger: kept for outbox.consumed_retention,
@@ -288,13 +288,13 @@ END
 $$;
 
 -- Like everything in the schema, nothing for PUBLIC: the operator grants EXECUTE on
--- consume_once to each consumer role (README "Privileges"); purge_consumed stays with superusers.
+-- consume_once to each consumer role (docs/privileges.md); purge_consumed stays with superusers.
 REVOKE ALL ON TABLE outbox.consumed FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.consume_once(text, uuid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.purge_consumed(interval, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox.consumed_retention() FROM PUBLIC;
 
--- Envelopes (README "Envelopes and trace context"): CloudEvents, W3C trace context, an explicit
+-- Envelopes (docs/envelopes.md): CloudEvents, W3C trace context, an explicit
 -- partition, the record's timestamp. Nothing here costs a row that uses none of it: the new
 -- columns are nullable without a default (no table rewrite, NULL in the row's null bitmap), the
 -- trace context travels in headers, and the relay computes the ce_* headers at publish time.
@@ -311,7 +311,7 @@ ALTER TABLE outbox.events
 
 -- The one CHECK of the row rules (outbox.events_row_check above), in place of 0.1.0's three.
 -- Validating it scans the table once: a row written by hand that breaks a rule makes the update
--- fail with the rule's name, and nothing changes (README "Upgrading").
+-- fail with the rule's name, and nothing changes (docs/upgrading.md).
 ALTER TABLE outbox.events
 	DROP CONSTRAINT IF EXISTS events_status_check,
 	DROP CONSTRAINT IF EXISTS events_lane_check,
@@ -390,7 +390,7 @@ $$;
 
 
 -- ---------------------------------------------------------------------------------------------
--- Metrics (README "Metrics"): per-worker counters and histograms from shared memory and
+-- Metrics (docs/metrics.md): per-worker counters and histograms from shared memory and
 -- per-topic backlog gauges, in the shape postgres_exporter reads (docs/metrics/queries.yaml).
 -- Callable by pg_monitor (what monitoring roles are given), by nobody else unless granted.
 -- ---------------------------------------------------------------------------------------------
@@ -456,7 +456,7 @@ GRANT SELECT ON outbox.worker_metrics, outbox.topic_metrics TO pg_monitor;
 
 
 -- ---------------------------------------------------------------------------------------------
--- One install, many databases: the launcher (README "Many databases"). outbox.workers shows
+-- One install, many databases: the launcher (docs/many-databases.md). outbox.workers shows
 -- this database's workers (unchanged columns); outbox.launcher shows every database the
 -- launcher serves, with the cluster's worker budget, so a database left without a worker slot
 -- is visible from any of them.

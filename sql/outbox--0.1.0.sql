@@ -1,11 +1,11 @@
 -- outbox 0.1.0: transactional outbox relayed to Apache Kafka.
--- The data path and state machine are described in DESIGN.md; the SQL reference in README.md.
+-- The data path and state machine are described in DESIGN.md; the SQL reference in docs/sql-api.md.
 
 \echo Use "CREATE EXTENSION outbox" to load this file. \quit
 
 -- The schema belongs to the extension (DROP EXTENSION removes it). Nothing in it is for PUBLIC:
 -- CREATE EXTENSION runs as a superuser, who owns it; USAGE, table privileges and EXECUTE are
--- granted explicitly by the operator (README "Privileges").
+-- granted explicitly by the operator (docs/privileges.md).
 CREATE SCHEMA outbox;
 REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
 
@@ -95,7 +95,7 @@ LANGUAGE C VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp;
 
 -- ---------------------------------------------------------------------------------------------
--- Deterministic event ids: RFC 9562 UUID version 5 (README "Event ids").
+-- Deterministic event ids: RFC 9562 UUID version 5 (docs/sql-api.md, outbox.event_id).
 -- ---------------------------------------------------------------------------------------------
 CREATE FUNCTION outbox.event_id(namespace uuid, name text)
 RETURNS uuid

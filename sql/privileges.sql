@@ -1,4 +1,4 @@
--- Nothing is granted to PUBLIC; the README's grants give an application role enqueue only and a
+-- Nothing is granted to PUBLIC; docs/privileges.md's grants give an application role enqueue only and a
 -- monitoring role the views only.
 SELECT has_schema_privilege('public', 'outbox', 'USAGE') AS public_usage;
 SELECT p.oid::regprocedure, has_function_privilege('public', p.oid, 'EXECUTE') AS public_execute
@@ -10,7 +10,7 @@ CREATE ROLE outbox_test_nobody;
 CREATE ROLE outbox_test_app;
 CREATE ROLE outbox_test_monitor;
 
--- The README's grants, verbatim.
+-- docs/privileges.md's grants, verbatim.
 GRANT USAGE ON SCHEMA outbox TO outbox_test_app;
 GRANT EXECUTE ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, text, text, boolean, text, text),
                           outbox.enqueue(text, text, text, jsonb, uuid, integer, text, text, boolean, text, text),

@@ -5,7 +5,7 @@
 TRUNCATE outbox.events;
 \set good_id '''00000000-0000-4000-8000-000000000001'''
 
--- A row written by hand the way the README shows is accepted.
+-- A row written by hand the way docs/sql-api.md "The table" shows is accepted.
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers)
 VALUES (:good_id, 'billing', 'k1', outbox.lane_of('k1', :good_id), '\x7b7d', '{"trace": "t"}');
 SELECT topic, key, lane = outbox.lane_of(key, event_id) AS lane_matches FROM outbox.events;
@@ -106,9 +106,9 @@ ORDER BY 1, 2;
 SELECT p.oid::regprocedure AS executable
 FROM pg_proc p WHERE p.pronamespace = 'outbox'::regnamespace AND has_function_privilege('outbox_relay', p.oid, 'EXECUTE')
 ORDER BY p.oid::regprocedure::text;
--- The relay's statements (as in src/relay_sql.cpp) read partial indexes of unfinished rows, never
+-- The relay's statements (as in src/relay/relay_sql.cpp) read partial indexes of unfinished rows, never
 -- the retained history, and walk them in order: with the planner settings the relay pins
--- (src/worker.cpp), the claim's plan is the same without statistics as with them.
+-- (src/relay/worker.cpp), the claim's plan is the same without statistics as with them.
 TRUNCATE outbox.events;
 INSERT INTO outbox.events (event_id, topic, key, lane, payload, status, published_at, kafka_partition, kafka_offset)
 SELECT e, 'billing', 'k' || (i % 100), outbox.lane_of('k' || (i % 100), e), '\x00', 'published', now(), 0, i

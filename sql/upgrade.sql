@@ -42,7 +42,7 @@ REVOKE ALL ON FUNCTION outbox.enqueue(text, text, jsonb, jsonb, uuid, integer, t
                        outbox.enqueue(text, text, bytea, jsonb, uuid, integer, text, text, boolean, text, text)
 	FROM outbox_test_upgrade_app CASCADE;
 -- The grants the update carried over are the extension's initial privileges (pg_init_privs):
--- from PostgreSQL 17 on, only DROP OWNED BY lets the role go (README "Upgrading").
+-- from PostgreSQL 17 on, only DROP OWNED BY lets the role go (docs/upgrading.md).
 DROP OWNED BY outbox_test_upgrade_app;
 DROP ROLE outbox_test_upgrade_app;
 

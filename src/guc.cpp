@@ -1,12 +1,12 @@
 // Definitions of the outbox.* settings. Structural ones need a restart; the rest reload on SIGHUP.
-#include "guc.hpp"
+#include "shared/guc.hpp"
 
-#include "boundary.hpp"
-#include "cloudevent_attributes.hpp"
-#include "kafka_producer.hpp"
-#include "trace_context.hpp"
-#include "pg_include.hpp"
-#include "standby_wait.hpp"
+#include "shared/boundary.hpp"
+#include "shared/cloudevent_attributes.hpp"
+#include "kafka/kafka_producer.hpp"
+#include "enqueue/trace_context.hpp"
+#include "shared/pg_include.hpp"
+#include "relay/standby_wait.hpp"
 
 namespace outbox {
 
@@ -123,7 +123,7 @@ const struct config_enum_entry kFailoverTimeoutPolicies[] = {
     {nullptr, 0, false},
 };
 
-// Failover-safe publishing (standby_wait.cpp, README "Failover-safe publishing"). SIGHUP: which
+// Failover-safe publishing (standby_wait.cpp, docs/failover.md). SIGHUP: which
 // standbys a failover may go to is the operator's decision, not a session's.
 void
 DefineFailoverSettings() {

@@ -1,10 +1,10 @@
 // Module entry: PG_MODULE_MAGIC (PG_MODULE_MAGIC_EXT on 18+) and _PG_init. _PG_init runs in the postmaster, so it
 // only registers things (settings, shared memory, the launcher of the relay workers): no librdkafka, no threads.
-#include "boundary.hpp"
-#include "drop_database.hpp"
-#include "guc.hpp"
-#include "launcher.hpp"
-#include "shmem.hpp"
+#include "shared/boundary.hpp"
+#include "launcher/drop_database.hpp"
+#include "shared/guc.hpp"
+#include "launcher/launcher.hpp"
+#include "shared/shmem.hpp"
 
 extern "C" {
 #if PG_VERSION_NUM >= 180000

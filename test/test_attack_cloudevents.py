@@ -38,7 +38,7 @@ def create_enqueuer(pg, role):
 
 
 def create_hand_writer(pg, role):
-    """Only what writing rows by hand takes (README "The table")."""
+    """Only what writing rows by hand takes (docs/sql-api.md "The table")."""
     pg.sql(f"CREATE ROLE {role} LOGIN")
     pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {role}; GRANT INSERT ON outbox.events TO {role}; "
            f"GRANT EXECUTE ON FUNCTION outbox.events_row_check TO {role}")

@@ -15,8 +15,8 @@ from harness.wait import wait_until
 
 
 def relay_sql(name):
-    """A statement of the relay verbatim from src/relay_sql.cpp."""
-    with open(os.path.join(os.path.dirname(__file__), "..", "src", "relay_sql.cpp")) as f:
+    """A statement of the relay verbatim from src/relay/relay_sql.cpp."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "src", "relay", "relay_sql.cpp")) as f:
         source = f.read()
     return re.search(r'const char \*const ' + name + r' = R"SQL\((.*?)\)SQL"', source, re.S).group(1)
 

@@ -1,6 +1,6 @@
 """The claim's plan does not depend on statistics (issue: a burst after a quiet night lands in a
 table nobody analyzed): the relay's own candidates and lock statements, read from
-src/relay_sql.cpp, planned with the settings the relay's session pins (src/worker.cpp), walk
+src/relay/relay_sql.cpp, planned with the settings the relay's session pins (src/relay/worker.cpp), walk
 events_pending_idx in order and fetch by TID, for a backlog of 10 rows and of 200,000, over a
 retained history, before and after ANALYZE, as custom and as generic plans."""
 
@@ -19,12 +19,12 @@ def source(name):
 
 
 def relay_statement(name):
-    return re.search(r'const char \*const ' + name + r' = R"SQL\((.*?)\)SQL"', source("relay_sql.cpp"), re.S).group(1)
+    return re.search(r'const char \*const ' + name + r' = R"SQL\((.*?)\)SQL"', source("relay/relay_sql.cpp"), re.S).group(1)
 
 
 def relay_planner_pins():
     """The planner settings the relay pins, from worker.cpp's table of pins."""
-    pins = dict(re.findall(r'\{"(enable_\w+)", "(\w+)"\}', source("worker.cpp")))
+    pins = dict(re.findall(r'\{"(enable_\w+)", "(\w+)"\}', source("relay/worker.cpp")))
     assert pins == {"enable_seqscan": "off", "enable_sort": "off"}, pins
     return pins
 

@@ -17,7 +17,7 @@ GLOBAL_LOCK_CLASS = 0x4F43  # ... and of its global lock
 PREPARE_GATE_CLASS = 0x4F44  # ... and of its prepare gate
 
 
-APP = "co_app"            # only EXECUTE on enqueue (README "Privileges")
+APP = "co_app"            # only EXECUTE on enqueue (docs/privileges.md)
 CANCELLER = "co_canceller"  # ... and DELETE on outbox.events, SELECT of its event_id: takes back its own events
 ENQUEUE_SIGNATURES = ", ".join(f"outbox.enqueue(text, text, {t}, jsonb, uuid, integer, text, text, boolean, text, text)"
                                for t in ("jsonb", "text", "bytea"))

@@ -1,4 +1,4 @@
-"""Envelopes (README "Envelopes and trace context"): CloudEvents read back from a real broker with
+"""Envelopes (docs/envelopes.md): CloudEvents read back from a real broker with
 the CloudEvents SDKs for Python and Java, W3C trace context headers, explicit partitions, the
 record's timestamp; a partition the topic lacks on the mock cluster."""
 
@@ -130,7 +130,7 @@ def test_explicit_partition_places_the_event(kafka, make_relay):
 
 
 def hand_written_event(pg, topic, key, age):
-    """A row written by hand (README "The table") whose created_at lies `age` in the past."""
+    """A row written by hand (docs/sql-api.md "The table") whose created_at lies `age` in the past."""
     return pg.value("INSERT INTO outbox.events (event_id, topic, key, lane, payload, created_at) "
                     "SELECT id, %s, %s, outbox.lane_of(%s, id), convert_to('{}', 'UTF8'), now() - %s "
                     "FROM gen_random_uuid() id RETURNING event_id::text", (topic, key, key, age))
@@ -324,7 +324,7 @@ def test_the_java_sdk_reads_every_attribute_the_relay_writes(kafka, make_relay):
 
 
 def create_hand_writer(pg, role):
-    """A role with only what writing rows by hand takes (README "The table")."""
+    """A role with only what writing rows by hand takes (docs/sql-api.md "The table")."""
     pg.sql(f"CREATE ROLE {role} LOGIN")
     pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {role}; GRANT INSERT ON outbox.events TO {role}; "
            f"GRANT EXECUTE ON FUNCTION outbox.events_row_check TO {role}")

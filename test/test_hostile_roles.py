@@ -1,5 +1,5 @@
 """Hostile roles against the relay: a non-superuser owner of the relay's database, an
-application role with exactly README's grants (EXECUTE on enqueue and event_id), and a role
+application role with exactly docs/privileges.md's grants (EXECUTE on enqueue and event_id), and a role
 with nothing but CONNECT. Each tries to make the relay run its code, stop it, read payloads or
 secrets, or publish where it should not; each fails. Where practical a test also shows that the
 attack works where the defence is missing (a plain superuser session, a role that may signal),
@@ -19,7 +19,7 @@ SECRET = "s3cretHunter2"
 ALLOWED = "billing,orders.*"
 
 # Settings a database owner may attach to its database (ALTER DATABASE ... SET) that would
-# wedge or subvert a session that took them: the relay pins each (README "Privileges").
+# wedge or subvert a session that took them: the relay pins each (docs/privileges.md).
 # Values as SQL (search_path unquoted: a quoted list would be one schema name).
 HOSTILE_DATABASE_SETTINGS = {
     "statement_timeout": "'1ms'",
@@ -166,8 +166,8 @@ def assert_cannot_signal_the_worker(pg, role, pid, dbname=None):
 
 
 def relay_sql(name):
-    """A statement of the relay verbatim from src/relay_sql.cpp (for the control experiments)."""
-    path = os.path.join(os.path.dirname(__file__), "..", "src", "relay_sql.cpp")
+    """A statement of the relay verbatim from src/relay/relay_sql.cpp (for the control experiments)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "src", "relay", "relay_sql.cpp")
     with open(path) as f:
         source = f.read()
     return re.search(r'const char \*const ' + name + r' = R"SQL\((.*?)\)SQL"', source, re.S).group(1)
@@ -474,7 +474,7 @@ def test_sql_looking_contents_are_published_verbatim(app_relay, mock_cluster):
 
 
 def test_duplicate_return_reveals_only_that_the_event_id_exists(app_relay):
-    """README: a NULL return tells the caller that some event with that id exists, whoever
+    """docs/sql-api.md: a NULL return tells the caller that some event with that id exists, whoever
     enqueued it and whatever its topic. Nothing else: not its topic, key, payload or status,
     and the existing row is unchanged."""
     pg = app_relay

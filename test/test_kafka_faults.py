@@ -156,7 +156,7 @@ SECRET_FRAGMENTS = ("Zq7s3cr3t", "Xp4ss", "Yw0rd", "Vb8tail")
 ])
 def test_kafka_properties_errors_never_show_a_value(mock_cluster, make_relay, properties, error):
     # Set in postgresql.conf (backslashes doubled for its string syntax), not by a reload: on a
-    # reload PostgreSQL itself logs every changed value (README, Settings).
+    # reload PostgreSQL itself logs every changed value (docs/settings.md).
     pg = make_relay(mock_cluster.bootstrap, kafka_properties=properties.replace("\\", "\\\\"))
     wait_until(lambda: pg.workers()[0][2] == "misconfigured", 30, "misconfigured state")
     last_error = pg.workers()[0][5]

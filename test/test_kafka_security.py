@@ -110,7 +110,7 @@ def connect_as(pg, user):
 
 
 def create_hostile_roles(pg):
-    """mallory: a login with the monitoring rights of README "Privileges"; watcher: the same
+    """mallory: a login with the monitoring rights of docs/privileges.md; watcher: the same
     plus pg_monitor (which includes pg_read_all_settings)."""
     if not pg.value("SELECT count(*) FROM pg_roles WHERE rolname = 'mallory'"):
         for role in ("mallory", "watcher"):
@@ -262,7 +262,7 @@ def test_password_in_postgresql_conf_is_hidden_from_non_superusers(broker, make_
     enqueue(pg, 3, prefix="conf")
     pg.wait_published(3, timeout=90)
     assert_no_secret_anywhere(pg, roles=("mallory",), superuser=False)
-    assert RELAY_PASSWORD in visible_to(pg, "watcher")  # the trade-off README "Secrets" names
+    assert RELAY_PASSWORD in visible_to(pg, "watcher")  # the trade-off docs/security.md names
     assert RELAY_PASSWORD in pg.value("SHOW outbox.kafka_properties")
 
 

@@ -183,7 +183,7 @@ def test_a_record_step_that_keeps_failing_backs_off_and_counts_each_resend(mock_
 
 def drop_row_checks(pg):
     """Takes the table's row rules away, as a superuser can: they are one CHECK (events_row_check,
-    src/row_check.cpp), so a test that needs a row past one rule goes past all of them. Status and
+    src/enqueue/row_check.cpp), so a test that needs a row past one rule goes past all of them. Status and
     published_at stay consistent (0.1.0's own checks, back as plain CHECKs)."""
     pg.sql("ALTER TABLE outbox.events DROP CONSTRAINT IF EXISTS events_row_check, "
            "DROP CONSTRAINT IF EXISTS events_status_check, DROP CONSTRAINT IF EXISTS events_published_check, "

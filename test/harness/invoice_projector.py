@@ -1,6 +1,6 @@
 """A real Postgres consumer of the billing demo's events (test/demo/billing_demo.py): it keeps
 per-subscription balances in a database of its own and gets exactly-once effects from
-at-least-once delivery with outbox.consume_once(), in the pattern the README documents:
+at-least-once delivery with outbox.consume_once(), in the pattern docs/consumers.md documents:
 
     consume a record -> BEGIN; consume_once(consumer, event_id); apply only if true; COMMIT
                      -> then commit the record's Kafka offset
@@ -31,7 +31,7 @@ CREATE TABLE applied (
     kind       text NOT NULL,
     invoice_id text NOT NULL
 );
--- The consumer's role: its tables, and consume_once (README "Privileges"), nothing else.
+-- The consumer's role: its tables, and consume_once (docs/privileges.md), nothing else.
 CREATE ROLE invoice_projector LOGIN;
 GRANT SELECT, INSERT, UPDATE ON balances, applied TO invoice_projector;
 GRANT USAGE ON SCHEMA outbox TO invoice_projector;

@@ -1,0 +1,555 @@
+// Commit order (DESIGN.md "Commit order"): of two committed transactions with events of one
+// (topic, key), the one that committed later has all its order_lsn stamps above all of the
+// earlier one's. enqueue's insert stamps the WAL insert position; at pre-commit this file locks
+// the transaction's keys (held until the commit is visible) and, where a transaction of the same
+// key committed a higher stamp in the meantime, moves this transaction's rows of that key above
+// it. Plain data only on the stack: everything here can ereport.
+#include "enqueue/commit_order.hpp"
+
+#include "shared/boundary.hpp"
+#include "shared/shmem.hpp"
+
+namespace outbox {
+
+namespace {
+
+// Locks of this file: LOCKTAG_ADVISORY with a field4 that pg_advisory_lock never uses (it uses 1
+// and 2), so no application lock can collide with them. pg_locks shows them as advisory locks
+// with objsubid 20290 (a key: objid and classid hold its hash) or 20291 (the global lock).
+constexpr uint16 kKeyLockClass = 0x4F42;
+constexpr uint16 kGlobalLockClass = 0x4F43;
+// objsubid 20292: the prepare gate (LockGlobalExclusive). A committer of many keys holds it while
+// it waits for a key (RowExclusive: such committers do not exclude each other), a PREPARE of an
+// enqueuing transaction while it takes its keys (Share).
+constexpr uint16 kPrepareGateClass = 0x4F44;
+
+// LSN_FORMAT_ARGS is C only (its type check does not compile as C++).
+#define LSN_HIGH_LOW(lsn) uint32((lsn) >> 32), uint32(lsn)
+
+struct NotedRow {
+	uint64 key_hash;
+	int64 id;
+	XLogRecPtr order_lsn;
+	SubTransactionId subxact;
+	bool restamp;
+};
+
+// This transaction's keyed rows, in TopTransactionContext (gone with the transaction).
+NotedRow *noted = nullptr;
+Size noted_count = 0;
+Size noted_capacity = 0;
+bool callbacks_registered = false;
+// From the moment this transaction locks its keys until it ends: a row noted then (an enqueue
+// from a trigger fired by the re-stamp) would be of a key it never locked.
+bool stamping = false;
+
+// CommitOrderTracked's answer for the transaction checked_lxid.
+LocalTransactionId checked_lxid = InvalidLocalTransactionId;
+bool checked_tracked = false;
+
+Oid
+EventsRelation() {
+	Oid nsp = get_namespace_oid("outbox", true);
+	return OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
+}
+
+// More distinct keys than this in one transaction, and it takes the global lock exclusively
+// instead of one lock per key: a committer then holds at most this many of our locks besides its
+// own, half of the average share of the shared lock table that max_locks_per_transaction sizes
+// (64 -> 32 keys), so a transaction enqueueing for 100,000 keys cannot exhaust the table for
+// everyone. The price: that commit waits for, and holds up, every other enqueuing commit while it
+// stamps; and it cannot be prepared (its lock would stay until COMMIT PREPARED).
+Size
+KeyLockLimit() {
+	return Size(Max(1, max_locks_per_xact / 2));
+}
+
+void
+SetTag(LOCKTAG *tag, uint32 field2, uint32 field3, uint16 lock_class) {
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, field2, field3, lock_class);
+}
+
+void
+Lock(uint32 field2, uint32 field3, uint16 lock_class, LOCKMODE mode) {
+	LOCKTAG tag;
+	SetTag(&tag, field2, field3, lock_class);
+	// Transaction-level: released by PostgreSQL once the commit is visible (ProcArrayEndTransaction
+	// runs before the locks go), for a prepared transaction at COMMIT/ROLLBACK PREPARED. A wait
+	// serves cancel, lock_timeout and the deadlock check like any lock wait.
+	(void)LockAcquire(&tag, mode, false, false);
+}
+
+void
+Unlock(uint32 field2, uint32 field3, uint16 lock_class, LOCKMODE mode) {
+	LOCKTAG tag;
+	SetTag(&tag, field2, field3, lock_class);
+	(void)LockRelease(&tag, mode, false);
+}
+
+void
+LockKey(uint64 key_hash) {
+	Lock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
+}
+
+bool
+TryLockKey(uint64 key_hash) {
+	LOCKTAG tag;
+	SetTag(&tag, uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass);
+	// dontWait still respects the wait queue: a key with waiters is busy, so no FIFO is lost.
+	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
+void
+UnlockKey(uint64 key_hash) {
+	Unlock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
+}
+
+// Waits for a key alone, holding neither the global lock nor a key above it (DESIGN.md "Commit
+// order", deadlock). A lock wait: cancel, lock_timeout and the deadlock check serve it.
+void
+WaitForKey(uint64 key_hash) {
+	LockKey(key_hash);
+}
+
+// A prepared transaction gives its Share lock back at the end of its pre-prepare (below): held
+// until COMMIT PREPARED, it would hold up every committer of many keys, and with it every
+// committer queued behind that one's Exclusive request. So under the Exclusive lock a key lock
+// may still be held, by a prepared transaction (or by a committer waiting for a prepared key, or
+// one whose commit is visible and that is releasing its locks). The committer of many keys looks
+// at each of its keys without waiting; at a busy one it gives the global lock back, waits for
+// that key alone (holding up nobody but PREPAREs), and starts again. The keys' locks are never
+// kept: it holds at most two of ours besides the prepare gate, which keeps new PREPAREs of
+// enqueuing transactions out until it is done: of prepared transactions it waits only for those
+// prepared (or preparing) when it got the gate, never for one prepared while it waits.
+void
+LockGlobalExclusive(const NotedRow *rows, Size count) {
+	if (max_prepared_xacts == 0) {
+		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
+		return; // no prepared transaction: every holder of a key lock holds the Share lock too
+	}
+	Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
+	for (;;) {
+		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
+		const NotedRow *busy = nullptr;
+		for (Size i = 0; i < count && busy == nullptr; i++) {
+			if (i > 0 && rows[i].key_hash == rows[i - 1].key_hash) {
+				continue;
+			}
+			if (TryLockKey(rows[i].key_hash)) {
+				UnlockKey(rows[i].key_hash);
+			} else {
+				busy = &rows[i];
+			}
+		}
+		if (busy == nullptr) {
+			Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			return;
+		}
+		Unlock(0, 0, kGlobalLockClass, ExclusiveLock);
+		WaitForKey(busy->key_hash);
+		UnlockKey(busy->key_hash);
+	}
+}
+
+// A committer of few keys: the Share lock, then its keys in hash order. With prepared
+// transactions possible, a key lock may be held by one until COMMIT PREPARED, and a committer
+// waiting for it while holding Share would let a committer of many keys queue its Exclusive
+// request behind it, and everyone else behind that one. So it tries each key without waiting;
+// at a busy one it gives back Share and its keys above the busy one (none: it takes them in
+// order, except ones it waited for in an earlier round), waits for that key alone, keeps it and
+// starts again. It waits only for a key above every key it holds, holding no global lock.
+// A PREPARE holds the prepare gate in Share mode from before its first key until the end of its
+// pre-prepare (see LockGlobalExclusive).
+void
+LockKeys(const NotedRow *rows, Size count, bool preparing) {
+	if (max_prepared_xacts == 0) {
+		Lock(0, 0, kGlobalLockClass, ShareLock);
+		for (Size i = 0; i < count; i++) {
+			if (i == 0 || rows[i].key_hash != rows[i - 1].key_hash) {
+				LockKey(rows[i].key_hash);
+			}
+		}
+		return;
+	}
+	if (preparing) {
+		Lock(0, 0, kPrepareGateClass, ShareLock);
+	}
+	// held[i]: the lock of the key starting at rows[i] is ours (rows are sorted by key hash).
+	bool *held = static_cast<bool *>(palloc0(sizeof(bool) * count));
+	for (;;) {
+		Lock(0, 0, kGlobalLockClass, ShareLock);
+		Size busy = count;
+		for (Size i = 0; i < count && busy == count; i++) {
+			if ((i > 0 && rows[i].key_hash == rows[i - 1].key_hash) || held[i]) {
+				continue;
+			}
+			if (TryLockKey(rows[i].key_hash)) {
+				held[i] = true;
+			} else {
+				busy = i;
+			}
+		}
+		if (busy == count) {
+			pfree(held);
+			return;
+		}
+		Unlock(0, 0, kGlobalLockClass, ShareLock);
+		for (Size i = busy + 1; i < count; i++) {
+			if (held[i]) {
+				UnlockKey(rows[i].key_hash);
+				held[i] = false;
+			}
+		}
+		WaitForKey(rows[busy].key_hash);
+		held[busy] = true;
+	}
+}
+
+// Writes no-op WAL until the insert position is above `stamp`. Every stamp this transaction
+// keeps must lie below its commit (or PREPARE) record: after a restart or on a promoted standby
+// that has the commit, the WAL position, and so every stamp given from then on, is above it. A
+// re-stamp's rank counts the rows enqueue noted, also those deleted since (no UPDATE record for
+// them): this pads by at most one byte for each such row. No stamp was above the insert position
+// when noted (NoteKeyedRow) and stripes are raised only past padded WAL, so more than `bound`
+// bytes means a bug: refuse rather than fill the disk. Interruptible: an ERROR here, at
+// pre-commit, aborts the transaction like any other.
+void
+WriteWalPast(XLogRecPtr stamp, uint64 bound) {
+	static char padding[8192];
+	XLogRecPtr start = GetXLogInsertRecPtr();
+	if (start <= stamp && stamp - start >= bound) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR),
+		                errmsg("outbox: commit-order stamp %X/%X is %llu bytes ahead of the WAL", LSN_HIGH_LOW(stamp),
+		                       static_cast<unsigned long long>(stamp - start)),
+		                errdetail("At most %llu bytes of no-op WAL were expected.", static_cast<unsigned long long>(bound))));
+	}
+	for (XLogRecPtr at = start; at <= stamp; at = GetXLogInsertRecPtr()) {
+		CHECK_FOR_INTERRUPTS();
+		uint64 missing = stamp - at + 1;
+		XLogBeginInsert();
+		XLogRegisterData(padding, uint32(Min(missing, uint64(sizeof(padding)))));
+		(void)XLogInsert(RM_XLOG_ID, XLOG_NOOP);
+	}
+}
+
+int
+CompareNoted(const void *a, const void *b) {
+	const NotedRow *x = static_cast<const NotedRow *>(a);
+	const NotedRow *y = static_cast<const NotedRow *>(b);
+	if (x->key_hash != y->key_hash) {
+		return x->key_hash < y->key_hash ? -1 : 1;
+	}
+	if (x->order_lsn != y->order_lsn) {
+		return x->order_lsn < y->order_lsn ? -1 : 1;
+	}
+	return x->id < y->id ? -1 : (x->id > y->id ? 1 : 0);
+}
+
+void
+RaiseStripe(uint64 key_hash, uint64 stamp) {
+	pg_atomic_uint64 *stripe = OrderStripe(key_hash);
+	uint64 current = pg_atomic_read_u64(stripe);
+	while (current < stamp && !pg_atomic_compare_exchange_u64(stripe, &current, stamp)) {
+	}
+}
+
+SPIPlanPtr
+RestampPlan() {
+	static SPIPlanPtr plan = nullptr;
+	if (plan == nullptr) {
+		Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
+		SPIPlanPtr p = SPI_prepare("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
+		                           "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+		                           "WHERE e.id OPERATOR(pg_catalog.=) u.id",
+		                           2, types);
+		if (p == nullptr) {
+			elog(ERROR, "outbox: could not prepare the commit-order statement: %s",
+			     SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(p);
+		plan = p;
+	}
+	return plan;
+}
+
+SPIPlanPtr
+ExistingRowsPlan() {
+	static SPIPlanPtr plan = nullptr;
+	if (plan == nullptr) {
+		Oid types[1] = {INT8ARRAYOID};
+		SPIPlanPtr p = SPI_prepare("SELECT pg_catalog.count(*) FROM outbox.events WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
+		                           1, types);
+		if (p == nullptr) {
+			elog(ERROR, "outbox: could not prepare the commit-order count: %s", SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(p);
+		plan = p;
+	}
+	return plan;
+}
+
+// Writes the new stamps of the rows marked restamp, as the table's owner, in a restricted
+// security context with a pinned search_path: no code of the committing role runs with the
+// locks this file holds, except triggers someone put on outbox.events (docs/sql-api.md "The table").
+//
+// This runs in the pre-commit callback, after the deferred triggers fired: a trigger that an
+// UPDATE here queues as deferred would not fire (none of the extension's own).
+// SPI itself is fine there: the transaction is still fully open (PreCommit_Portals has closed
+// the portals, an error still aborts it cleanly), which is what postgres_fdw relies on too.
+void
+WriteStamps(Oid events, Size count) {
+	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Datum *stamps = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Size n = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		if (noted[i].restamp) {
+			ids[n] = Int64GetDatum(noted[i].id);
+			stamps[n] = LSNGetDatum(noted[i].order_lsn);
+			n++;
+		}
+	}
+	Datum values[2] = {PointerGetDatum(construct_array(ids, int(n), INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+	                   PointerGetDatum(construct_array(stamps, int(n), PG_LSNOID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE))};
+
+	HeapTuple rel = SearchSysCache1(RELOID, ObjectIdGetDatum(events));
+	if (!HeapTupleIsValid(rel)) {
+		elog(ERROR, "outbox: cache lookup failed for relation %u", events);
+	}
+	Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(rel))->relowner;
+	ReleaseSysCache(rel);
+
+	Oid saved_user;
+	int saved_context;
+	GetUserIdAndSecContext(&saved_user, &saved_context);
+	// An ERROR below aborts the transaction, which restores both (AbortTransaction, AtEOXact_GUC).
+	SetUserIdAndSecContext(owner, saved_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+	int guc_level = NewGUCNestLevel();
+	(void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+	                        true, 0, false);
+	// A row level security policy that hid a row would skip its re-stamp silently: with
+	// row_security off, a policy that applies to the owner makes the statement fail instead.
+	(void)set_config_option("row_security", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	int rc = SPI_execute_plan(RestampPlan(), values, nullptr, false, 0);
+	if (rc != SPI_OK_UPDATE) {
+		elog(ERROR, "outbox: commit-order update failed: %s", SPI_result_code_string(rc));
+	}
+	uint64 updated = SPI_processed;
+	// Rows deleted since their enqueue are not updated; any other row not updated (a BEFORE UPDATE
+	// trigger that returned NULL) would keep a stamp out of commit order.
+	rc = SPI_execute_plan(ExistingRowsPlan(), values, nullptr, true, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1) {
+		elog(ERROR, "outbox: commit-order count failed: %s", SPI_result_code_string(rc));
+	}
+	bool isnull;
+	uint64 existing = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)));
+	if (updated != existing) {
+		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+		                errmsg("outbox: the commit-order update of outbox.events changed %llu of %llu rows",
+		                       static_cast<unsigned long long>(updated), static_cast<unsigned long long>(existing)),
+		                errdetail("Rows the commit must move above an earlier commit of their key were not updated."),
+		                errhint("A trigger on outbox.events must not skip an UPDATE (a BEFORE UPDATE trigger returning "
+		                        "NULL).")));
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+	AtEOXact_GUC(false, guc_level);
+	SetUserIdAndSecContext(saved_user, saved_context);
+}
+
+// Pre-commit (and pre-prepare): every subtransaction has ended, all user code has run.
+void
+StampInCommitOrder(bool preparing) {
+	if (noted_count == 0) {
+		return;
+	}
+	Oid events = EventsRelation();
+	if (!OidIsValid(events)) {
+		return; // the extension was dropped after the enqueue, and the rows with it
+	}
+	qsort(noted, noted_count, sizeof(NotedRow), CompareNoted);
+	Size keys = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		keys += (i == 0 || noted[i].key_hash != noted[i - 1].key_hash) ? 1 : 0;
+	}
+
+	// Locks in one order (the global one, then keys by hash), taken after all user code: no
+	// deadlock between committers, none with the caller's own locks (DESIGN.md "Commit order").
+	bool global_exclusive = keys > KeyLockLimit();
+	if (global_exclusive && preparing) {
+		// Its Exclusive lock would be held until COMMIT PREPARED, and stop every enqueuing commit
+		// of the database; giving it back at PREPARE would let a key's later committer go first.
+		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+		                errmsg("cannot PREPARE a transaction that enqueued events for more than %zu keys", KeyLockLimit()),
+		                errdetail("It enqueued events for %zu distinct (topic, key) hashes; until COMMIT PREPARED its "
+		                          "commit-order lock would hold up every enqueuing commit of the database.", keys),
+		                errhint("Commit it without PREPARE TRANSACTION, or split it into transactions of at most %zu "
+		                        "keys (max_locks_per_transaction / 2).", KeyLockLimit())));
+	}
+	stamping = true; // an enqueue from now on would come after its key was locked
+	if (global_exclusive) {
+		LockGlobalExclusive(noted, noted_count);
+	} else {
+		LockKeys(noted, noted_count, preparing);
+	}
+
+	// Under the locks, every earlier committer of a key has raised its stripe to its highest
+	// stamp. A key whose lowest stamp here is not above the stripe gets new stamps above both the
+	// stripe and the WAL insert position (read after the stripes), in the rows' own order.
+	Size restamps = 0;
+	for (Size start = 0, end; start < noted_count; start = end) {
+		for (end = start + 1; end < noted_count && noted[end].key_hash == noted[start].key_hash; end++) {
+		}
+		uint64 stripe = pg_atomic_read_u64(OrderStripe(noted[start].key_hash));
+		if (stripe >= noted[start].order_lsn) {
+			for (Size i = start; i < end; i++) {
+				noted[i].restamp = true;
+				noted[i].order_lsn = stripe + 1 + (i - start);
+			}
+			restamps += end - start;
+		}
+	}
+	if (restamps > 0) {
+		XLogRecPtr insert = GetXLogInsertRecPtr();
+		for (Size start = 0, end; start < noted_count; start = end) {
+			for (end = start + 1; end < noted_count && noted[end].key_hash == noted[start].key_hash; end++) {
+			}
+			if (noted[start].restamp && noted[start].order_lsn < insert) {
+				for (Size i = start; i < end; i++) {
+					noted[i].order_lsn = insert + (i - start);
+				}
+			}
+		}
+		WriteStamps(events, restamps);
+	}
+	// Sorted by stamp within a key (new stamps keep that order): the last row has the highest.
+	// The WAL goes past the highest stamp before any stripe shows it (DESIGN.md "Commit order").
+	XLogRecPtr highest = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		highest = Max(highest, noted[i].order_lsn);
+	}
+	WriteWalPast(highest, uint64(noted_count) + 65536);
+	for (Size i = 0; i < noted_count; i++) {
+		if (i + 1 == noted_count || noted[i + 1].key_hash != noted[i].key_hash) {
+			RaiseStripe(noted[i].key_hash, noted[i].order_lsn);
+		}
+	}
+	if (preparing) {
+		// The key locks stay until COMMIT PREPARED; the Share lock only kept a committer of many
+		// keys out while this one took its keys and stamped (LockGlobalExclusive waits for the keys).
+		Unlock(0, 0, kGlobalLockClass, ShareLock);
+		if (max_prepared_xacts > 0) {
+			Unlock(0, 0, kPrepareGateClass, ShareLock);
+		}
+	}
+}
+
+void
+Forget() {
+	stamping = false;
+	noted = nullptr; // TopTransactionContext's memory, freed with it
+	noted_count = 0;
+	noted_capacity = 0;
+}
+
+void
+OnTransactionEvent(XactEvent event, void *) {
+	switch (event) {
+	case XACT_EVENT_PRE_COMMIT:
+		StampInCommitOrder(false);
+		break;
+	case XACT_EVENT_PRE_PREPARE:
+		StampInCommitOrder(true);
+		break;
+	case XACT_EVENT_COMMIT:
+	case XACT_EVENT_PARALLEL_COMMIT:
+	case XACT_EVENT_ABORT:
+	case XACT_EVENT_PARALLEL_ABORT:
+	case XACT_EVENT_PREPARE:
+		Forget();
+		break;
+	default:
+		break;
+	}
+}
+
+// The rows of the ending subtransaction (and of its ended children) are a suffix of the list:
+// subtransaction ids grow, and every row noted since it began is its own or a child's.
+void
+OnSubtransactionEvent(SubXactEvent event, SubTransactionId mine, SubTransactionId parent, void *) {
+	if (event == SUBXACT_EVENT_ABORT_SUB) {
+		while (noted_count > 0 && noted[noted_count - 1].subxact >= mine) {
+			noted_count--;
+		}
+	} else if (event == SUBXACT_EVENT_COMMIT_SUB) {
+		for (Size i = noted_count; i > 0 && noted[i - 1].subxact >= mine; i--) {
+			noted[i - 1].subxact = parent;
+		}
+	}
+}
+
+} // namespace
+
+extern "C" {
+static void
+outbox_commit_order_xact_callback(XactEvent event, void *arg) {
+	CallFromPostgres("outbox_commit_order_xact_callback", OnTransactionEvent, event, arg);
+}
+static void
+outbox_commit_order_subxact_callback(SubXactEvent event, SubTransactionId mine, SubTransactionId parent, void *arg) {
+	CallFromPostgres("outbox_commit_order_subxact_callback", OnSubtransactionEvent, event, mine, parent, arg);
+}
+}
+
+bool
+CommitOrderTracked() {
+	LocalTransactionId lxid = OutboxLocalTransactionId();
+	if (lxid != checked_lxid) {
+		Oid events = EventsRelation();
+		checked_tracked = OidIsValid(events) && get_attnum(events, "order_lsn") != InvalidAttrNumber;
+		checked_lxid = lxid;
+	}
+	return checked_tracked;
+}
+
+void
+NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn) {
+	if (stamping) {
+		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+		                errmsg("cannot enqueue an event while the transaction's events are put in commit order"),
+		                errdetail("The commit of this transaction locked its keys already; a key enqueued now "
+		                          "would not be in commit order."),
+		                errhint("Do not call outbox.enqueue from a trigger on outbox.events.")));
+	}
+	// The padding at commit (WriteWalPast) trusts the stamps: one above the WAL would make it
+	// write WAL up to there.
+	if (order_lsn > GetXLogInsertRecPtr()) {
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+		                errmsg("outbox.events.order_lsn %X/%X of the new event is ahead of the WAL insert position",
+		                       LSN_HIGH_LOW(order_lsn)),
+		                errhint("order_lsn must keep its default, pg_current_wal_insert_lsn(): no trigger or default on "
+		                        "outbox.events may set it.")));
+	}
+	if (!callbacks_registered) {
+		RegisterXactCallback(outbox_commit_order_xact_callback, nullptr);
+		RegisterSubXactCallback(outbox_commit_order_subxact_callback, nullptr);
+		callbacks_registered = true;
+	}
+	if (noted_count == noted_capacity) {
+		Size capacity = noted_capacity == 0 ? 64 : noted_capacity * 2;
+		noted = static_cast<NotedRow *>(noted == nullptr
+		                                    ? MemoryContextAllocHuge(TopTransactionContext, capacity * sizeof(NotedRow))
+		                                    : repalloc_huge(noted, capacity * sizeof(NotedRow)));
+		noted_capacity = capacity;
+	}
+	// A 64-bit hash of (topic, key): equal keys lock and stripe together; unequal keys that
+	// collide only share a lock and a re-stamp, never lose order.
+	uint64 topic_hash = hash_bytes_extended(reinterpret_cast<const unsigned char *>(VARDATA_ANY(topic)),
+	                                        int(VARSIZE_ANY_EXHDR(topic)), 0);
+	uint64 key_hash = hash_bytes_extended(reinterpret_cast<const unsigned char *>(VARDATA_ANY(key)),
+	                                      int(VARSIZE_ANY_EXHDR(key)), topic_hash);
+	noted[noted_count++] = NotedRow{key_hash, id, order_lsn, GetCurrentSubTransactionId(), false};
+}
+
+} // namespace outbox

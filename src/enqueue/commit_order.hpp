@@ -1,0 +1,17 @@
+// Commit order: a (topic, key)'s events carry order_lsn stamps that follow the order in which
+// their transactions committed (DESIGN.md "Commit order"). enqueue notes each keyed row it
+// inserts; the transaction's pre-commit callback locks the keys and re-stamps where needed.
+#pragma once
+
+#include "shared/pg_include.hpp"
+
+namespace outbox {
+
+// Whether outbox.events has order_lsn (0.2.0 on); a 0.1.0 table, between a library upgrade and
+// ALTER EXTENSION UPDATE, has none and gets no commit-order work. Looked up once per transaction.
+bool CommitOrderTracked();
+
+// Notes a keyed row enqueue just inserted in the current (sub)transaction.
+void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn);
+
+} // namespace outbox

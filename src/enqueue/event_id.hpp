@@ -1,0 +1,27 @@
+// Name-based UUIDs (RFC 9562 version 5, SHA-1) and the encoding of (aggregate, discriminator)
+// pairs used by outbox.event_id(). Called from Postgres code only: UuidV5 may raise an ERROR.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace outbox {
+
+constexpr size_t kUuidBytes = 16;
+
+// The fixed namespace of outbox.event_id(aggregate, discriminator). Published in docs/sql-api.md;
+// changing it would change every id ever derived, so it never changes.
+// d4e3f08c-32f8-4d92-844f-adced4c5bfb1
+extern const uint8_t kEventIdNamespace[kUuidBytes];
+
+// RFC 9562 section 5.5: SHA-1 over namespace bytes then name bytes, version 5, variant 10.
+// `name_parts` are hashed one after another, as if concatenated.
+void UuidV5(const uint8_t ns[kUuidBytes], const void *const *name_parts, const size_t *part_lengths,
+            size_t n_parts, uint8_t out[kUuidBytes]);
+
+// Writes the netstring prefix "<length>:" of a part of `length` bytes into buf (at least 24
+// bytes) and returns its length. The event-id name is netstring(aggregate) netstring(discriminator)
+// where netstring(s) = "<byte length of s in decimal>:" s ",", so no two pairs share a name.
+size_t NetstringPrefix(size_t length, char *buf);
+
+} // namespace outbox

@@ -1,0 +1,99 @@
+// The relay's statements against outbox.events, over SPI with plans prepared once: a batch's
+// claim and record share one transaction, the other steps have a short one each. Plain C-style code: results are copied into palloc'd memory of the
+// caller's context; nothing here owns a C++ object.
+#pragma once
+
+#include "kafka/kafka_producer.hpp"
+#include "shared/pg_include.hpp"
+
+namespace outbox {
+
+struct ClaimedEvent {
+	int64 id;
+	char event_id[40]; // text form, also published as the event_id header
+	char *topic;
+	char *key; // nullptr: unkeyed
+	int key_len;
+	char *payload; // nullptr: tombstone
+	int payload_len;
+	kafka::Header *headers; // user headers, then event_id (then a CloudEvent's ce_* headers)
+	int n_headers;
+	int32 partition;    // enqueue's partition argument, or -1: the partitioner picks by key
+	int64 timestamp_ms; // the record's CreateTime (outbox.message_timestamp), or 0: the producer's clock
+	// Set when the row cannot be published as it is (written by hand: a JSON null header, bytes
+	// that are not UTF-8, a topic not allowed): it goes to failed with this reason.
+	const char *quarantine;
+};
+
+// The order scope: two keyed events of one topic and key (Kafka's own unit: a key on two topics
+// lands on two partitions, which no consumer reads in a defined relative order).
+inline bool
+SameTopicAndKey(const char *topic_a, const char *key_a, const char *topic_b, const char *key_b) {
+	return key_a && key_b && strcmp(key_a, key_b) == 0 && strcmp(topic_a, topic_b) == 0;
+}
+
+inline bool
+SameOrderScope(const ClaimedEvent &a, const ClaimedEvent &b) {
+	return SameTopicAndKey(a.topic, a.key, b.topic, b.key);
+}
+
+struct Batch {
+	int n;
+	ClaimedEvent *events;
+};
+
+// What happened to each claimed event.
+enum class Outcome : char {
+	Published = 'p',
+	Rejected = 'r', // per-event error: attempts + 1, backoff, or failed at max_attempts
+	Requeued = 'q', // not sent, broker-wide trouble, or unknown outcome: pending, no attempt used
+	Deferred = 'd', // its partition was unavailable while others worked: pending after a delay,
+	                // no attempt used (the key waits; other keys go on)
+	Quarantined = 'x', // never sent: the row cannot be published as it is; failed, with the reason
+};
+
+// Whether outbox.events exists in this database, no DDL holds it, and the relay may use it.
+// Logs nothing: Refused comes with a reason (LastStepProblem) for the worker to report.
+enum class TableState {
+	Ready,
+	Missing, // no extension, schema or table
+	Busy,    // DDL holds the table
+	Refused, // not the extension's own objects, or outbox.relay_role is missing, a superuser or lacks rights
+};
+
+// Once per worker: lets a pending stop cancel a relay statement that runs too long (relay_sql.cpp).
+void InitStatementStopCheck();
+
+// Why the last step was Refused.
+const char *LastStepProblem();
+
+// The lane filter: worker `worker` of `n_workers` owns lanes with lane % n_workers = worker.
+struct LaneSet {
+	int worker;
+	int n_workers;
+};
+
+// First puts orphaned in_flight rows of this worker's lanes back to pending (*requeued counts
+// them), then returns the claimed batch (possibly empty) in `into`; the result says why nothing
+// was claimed. With a non-empty batch the claim's transaction stays open, holding the rows'
+// locks, and the caller must call RecordOutcomes (an ERROR meanwhile aborts it: the rows stay
+// pending, unlocked).
+TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued);
+
+// Records published events (indices into the batch) in the claim's transaction and leaves it
+// open: the worker records a batch's first acks while the rest of it is still in flight.
+void RecordPublished(const Batch &batch, const int *events, int n, const kafka::Delivery *deliveries);
+
+// Records every outcome but Requeued (and the published events `recorded` marks: recorded
+// already) in the claim's transaction and commits it. Returns how many events moved to failed
+// (their ids and errors are logged once here).
+int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
+                   const char *const *errors, long defer_ms, const bool *recorded);
+
+// Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
+int64 MillisUntilNextRetry(const LaneSet &lanes);
+
+// One retention batch in its own transaction; returns rows deleted.
+int64 PurgeBatch(int retention_s, int batch_size);
+
+} // namespace outbox
