@@ -2,7 +2,7 @@
 // owns the key when (and only when) that transaction commits.
 #include "shared/boundary.hpp"
 #include "shared/cloudevent_attributes.hpp"
-#include "relay/cloudevent_headers.hpp"
+#include "shared/cloudevent_source.hpp"
 #include "shared/cloudevents.hpp"
 #include "enqueue/commit_order.hpp"
 #include "enqueue/commit_wake.hpp"

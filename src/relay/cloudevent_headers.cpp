@@ -2,6 +2,7 @@
 #include "relay/cloudevent_headers.hpp"
 
 #include "shared/cloudevent_attributes.hpp"
+#include "shared/cloudevent_source.hpp"
 #include "shared/cloudevents.hpp"
 #include "shared/guc.hpp"
 
@@ -17,23 +18,6 @@ TextHeader(const char *name, const char *value) {
 }
 
 } // namespace
-
-const char *
-DefaultSource() {
-	static char *derived = nullptr; // a backend serves one database for its life
-	if (settings.cloudevents_source && settings.cloudevents_source[0]) {
-		return settings.cloudevents_source;
-	}
-	if (derived == nullptr) {
-		// Percent-encoded: a database name may hold a space or any other character a URI cannot.
-		const char *database = get_database_name(MyDatabaseId);
-		size_t len = database ? strlen(database) : 0;
-		char *encoded = static_cast<char *>(palloc(cloudevents::PercentEncodedLength(database, len) + 1));
-		cloudevents::PercentEncode(database, len, encoded);
-		derived = MemoryContextStrdup(TopMemoryContext, psprintf("/outbox/%s", encoded));
-	}
-	return derived;
-}
 
 int64
 UnixMillis(TimestampTz t) {

@@ -6,12 +6,6 @@
 
 namespace outbox {
 
-// The source of events that name none: outbox.cloudevents_source, else /outbox/<this database's
-// name, percent-encoded> (a source with the event's id identifies the event, CloudEvents 1.0
-// "id"). Enqueue stores it in the row, so (source, id) stays the event's for its life; the
-// relay uses it only for a row written by hand without a ce_source.
-const char *DefaultSource();
-
 // Milliseconds since the Unix epoch (a Kafka record's timestamp); 0 (the producer's clock) for
 // a time before it or not finite.
 int64 UnixMillis(TimestampTz t);
