@@ -514,7 +514,7 @@ CommitOrderTracked() {
 }
 
 void
-NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn) {
+NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before) {
 	if (stamping) {
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 		                errmsg("cannot enqueue an event while the transaction's events are put in commit order"),
@@ -528,6 +528,16 @@ NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn)
 		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 		                errmsg("outbox.events.order_lsn %X/%X of the new event is ahead of the WAL insert position",
 		                       LSN_HIGH_LOW(order_lsn)),
+		                errhint("order_lsn must keep its default, pg_current_wal_insert_lsn(): no trigger or default on "
+		                        "outbox.events may set it.")));
+	}
+	// Across a restart the stripes are zero, and only the stamps' being at least the insert position
+	// at their insert puts a row above its key's rows committed in the previous run.
+	if (order_lsn < insert_before) {
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+		                errmsg("outbox.events.order_lsn %X/%X of the new event is below the WAL insert position",
+		                       LSN_HIGH_LOW(order_lsn)),
+		                errdetail("The WAL insert position was %X/%X before the insert.", LSN_HIGH_LOW(insert_before)),
 		                errhint("order_lsn must keep its default, pg_current_wal_insert_lsn(): no trigger or default on "
 		                        "outbox.events may set it.")));
 	}

@@ -11,7 +11,9 @@ namespace outbox {
 // ALTER EXTENSION UPDATE, has none and gets no commit-order work. Looked up once per transaction.
 bool CommitOrderTracked();
 
-// Notes a keyed row enqueue just inserted in the current (sub)transaction.
-void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn);
+// Notes a keyed row enqueue just inserted in the current (sub)transaction: order_lsn is the stamp
+// it read back, insert_before the WAL insert position read before the INSERT. A stamp outside
+// [insert_before, insert position now] is refused.
+void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before);
 
 } // namespace outbox
