@@ -441,3 +441,27 @@ def test_a_trigger_that_skips_the_restamp_fails_the_commit(pg, topic):
         t1.execute("COMMIT")
     assert published_order(pg, topic, "k") == ["A", "D", "C"]
 
+
+# -- another library's pre-commit callback that enqueues -----------------------------------------
+
+@pytest.mark.parametrize("also_enqueues", [False, True], ids=["only-at-pre-commit", "and-before"])
+def test_an_enqueue_from_a_later_librarys_pre_commit_is_in_commit_order(pg, topic, also_enqueues):
+    # The test seam outbox.test_enqueue_at_pre_commit plays a library loaded after outbox (LOAD,
+    # session_preload_libraries, or one that registers its callbacks lazily, as postgres_fdw does)
+    # whose pre-commit callback enqueues: its callback is registered in T1's session before the
+    # session's first enqueue. outbox's pre-commit must run after it, so that its row is locked and
+    # stamped like any other: T2 enqueued before T1 committed and committed after, so it sorts
+    # after T1's row. (Registered at first use, outbox's callback ran either not at all for that
+    # commit, and T2 sorted first, or before the other library's, and refused its enqueue: 0A000.)
+    with session(pg) as t1, session(pg, APP) as t2:
+        t2.execute("BEGIN")
+        enqueue(t2, topic, "k", "T2")
+        t1.execute("BEGIN")
+        t1.execute(f"SET LOCAL outbox.test_enqueue_at_pre_commit = '{topic}:k'")
+        if also_enqueues:
+            enqueue(t1, topic, "other", "T1")
+        t1.execute("COMMIT")
+        assert our_locks_of(pg, t1) == {}
+        t2.execute("COMMIT")
+    assert published_order(pg, topic, "k") == ["pre-commit", "T2"]
+    assert published_order(pg, topic, "other") == (["T1"] if also_enqueues else [])
