@@ -3,6 +3,7 @@
 
 #include "shared/boundary.hpp"
 #include "shared/cloudevent_attributes.hpp"
+#include "enqueue/commit_order.hpp"
 #include "kafka/kafka_producer.hpp"
 #include "enqueue/trace_context.hpp"
 #include "shared/pg_include.hpp"
@@ -168,6 +169,18 @@ CheckWorkersSource(int *, void **, GucSource source) {
 
 } // namespace
 
+#ifdef OUTBOX_TEST_SEAMS
+extern "C" {
+// Registers in the backend, when first given a value (SET): later than outbox's own callbacks.
+static void
+outbox_assign_test_enqueue_at_pre_commit(const char *newval, void *) {
+	if (newval != nullptr && newval[0] != '\0') {
+		CallFromPostgres("outbox_assign_test_enqueue_at_pre_commit", RegisterPreCommitEnqueueForTest);
+	}
+}
+}
+#endif
+
 extern "C" {
 static bool
 outbox_check_workers(int *newval, void **extra, GucSource source) {
@@ -300,6 +313,11 @@ DefineSettings() {
 	DefineCustomStringVariable("outbox.test_fail_step", "Test only: 'step:N' fails the next N runs of a relay step.",
 	                           nullptr, &settings.test_fail_step, "", PGC_SIGHUP,
 	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.test_enqueue_at_pre_commit",
+	                           "Test only: 'topic:key' enqueues at pre-commit from a callback registered late.",
+	                           nullptr, &settings.test_enqueue_at_pre_commit, "", PGC_SUSET,
+	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr,
+	                           outbox_assign_test_enqueue_at_pre_commit, nullptr);
 #endif
 #if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("outbox");

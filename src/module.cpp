@@ -1,6 +1,8 @@
 // Module entry: PG_MODULE_MAGIC (PG_MODULE_MAGIC_EXT on 18+) and _PG_init. _PG_init runs in the postmaster, so it
-// only registers things (settings, shared memory, the launcher of the relay workers): no librdkafka, no threads.
+// only registers things (settings, the commit-order callbacks, shared memory, the launcher of the relay workers): no
+// librdkafka, no threads.
 #include "shared/boundary.hpp"
+#include "enqueue/commit_order.hpp"
 #include "launcher/drop_database.hpp"
 #include "shared/guc.hpp"
 #include "launcher/launcher.hpp"
@@ -28,6 +30,9 @@ Init() {
 		                errhint("Add outbox to shared_preload_libraries in postgresql.conf and restart the server.")));
 	}
 	outbox::DefineSettings();
+	// Here, not at first use: registered before any library loaded after outbox, its pre-commit
+	// callback runs after theirs (PostgreSQL calls the newest first).
+	outbox::RegisterCommitOrderCallbacks();
 	outbox::RequestSharedMemory();
 	outbox::RegisterLauncher();
 	outbox::InstallDropDatabaseHook();

@@ -2,6 +2,8 @@
 a least-privileged enqueuer (only EXECUTE on outbox.enqueue, PREPARE TRANSACTION allowed), one
 that may also DELETE its rows, and a superuser's mistakes. Each test fails if its attack works."""
 
+import uuid
+
 import psycopg
 import pytest
 
@@ -311,6 +313,45 @@ def test_a_stamp_set_ahead_of_the_wal_does_not_make_the_commit_write_it(pg, topi
     assert written < PAD // 4, f"one enqueue's commit wrote {written} bytes of WAL"
 
 
+def test_a_stamp_set_below_the_wal_is_refused_and_changes_nothing(pg, topic):
+    # A superuser's trigger that sets order_lsn below the WAL insert position: across a restart
+    # (stripes are zero) such a row would sort before its key's rows committed in the previous run.
+    # Refused like a stamp ahead of the WAL; the refused statement leaves no row; other enqueues
+    # (a duplicate event_id the trigger sees too, a batch) are untouched.
+    pg.sql("CREATE FUNCTION public.co_low() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+           f"IF NEW.topic = '{topic}' AND NEW.key = 'low' THEN NEW.order_lsn := '0/1'; END IF; RETURN NEW; END $$")
+    pg.sql("CREATE TRIGGER co_low BEFORE INSERT ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.co_low()")
+    event_id = str(uuid.uuid4())
+    try:
+        with session(pg, APP) as c:
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState) as e:
+                c.execute("SELECT outbox.enqueue(%s, 'a', 'A0'::text), outbox.enqueue(%s, 'low', 'L'::text)",
+                          (topic, topic))
+            assert "below the WAL insert position" in e.value.diag.message_primary
+            assert "may set it" in e.value.diag.message_hint
+            assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = %s", (topic,)) == 0
+            c.execute("BEGIN")
+            enqueue(c, topic, "a", "A1")
+            c.execute("SAVEPOINT s")
+            with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+                enqueue(c, topic, "low", "L")
+            c.execute("ROLLBACK TO SAVEPOINT s")
+            assert c.execute("SELECT outbox.enqueue(%s, 'a', 'A2'::text, NULL, %s)",
+                             (topic, event_id)).fetchone()[0] is not None
+            # ON CONFLICT DO NOTHING: the trigger set the duplicate's stamp, nothing was inserted.
+            assert c.execute("SELECT outbox.enqueue(%s, 'low', 'dup'::text, NULL, %s)",
+                             (topic, event_id)).fetchone()[0] is None
+            c.execute("SELECT count(outbox.enqueue(%s, 'b' || i %% 3, i::text)) FROM generate_series(1, 50) i",
+                      (topic,))
+            c.execute("COMMIT")
+    finally:
+        pg.sql("DROP TRIGGER co_low ON outbox.events")
+        pg.sql("DROP FUNCTION public.co_low()")
+    assert published_order(pg, topic, "a") == ["A1", "A2"]
+    assert published_order(pg, topic, "low") == []
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = %s AND key LIKE 'b%%'", (topic,)) == 50
+
+
 def test_deleted_rows_pad_at_most_a_byte_each(pg, topic):
     # A role that may delete its rows: a re-stamp of 200,000 rows, all but one deleted, pads the
     # WAL by at most about a byte per row (DESIGN.md "Commit order"), not by the rows' size.
@@ -399,3 +440,28 @@ def test_a_trigger_that_skips_the_restamp_fails_the_commit(pg, topic):
         enqueue(t2, topic, "k", "D")
         t1.execute("COMMIT")
     assert published_order(pg, topic, "k") == ["A", "D", "C"]
+
+
+# -- another library's pre-commit callback that enqueues -----------------------------------------
+
+@pytest.mark.parametrize("also_enqueues", [False, True], ids=["only-at-pre-commit", "and-before"])
+def test_an_enqueue_from_a_later_librarys_pre_commit_is_in_commit_order(pg, topic, also_enqueues):
+    # The test seam outbox.test_enqueue_at_pre_commit plays a library loaded after outbox (LOAD,
+    # session_preload_libraries, or one that registers its callbacks lazily, as postgres_fdw does)
+    # whose pre-commit callback enqueues: its callback is registered in T1's session before the
+    # session's first enqueue. outbox's pre-commit must run after it, so that its row is locked and
+    # stamped like any other: T2 enqueued before T1 committed and committed after, so it sorts
+    # after T1's row. (Registered at first use, outbox's callback ran either not at all for that
+    # commit, and T2 sorted first, or before the other library's, and refused its enqueue: 0A000.)
+    with session(pg) as t1, session(pg, APP) as t2:
+        t2.execute("BEGIN")
+        enqueue(t2, topic, "k", "T2")
+        t1.execute("BEGIN")
+        t1.execute(f"SET LOCAL outbox.test_enqueue_at_pre_commit = '{topic}:k'")
+        if also_enqueues:
+            enqueue(t1, topic, "other", "T1")
+        t1.execute("COMMIT")
+        assert our_locks_of(pg, t1) == {}
+        t2.execute("COMMIT")
+    assert published_order(pg, topic, "k") == ["pre-commit", "T2"]
+    assert published_order(pg, topic, "other") == (["T1"] if also_enqueues else [])

@@ -7,6 +7,7 @@
 #include "enqueue/commit_order.hpp"
 
 #include "shared/boundary.hpp"
+#include "shared/guc.hpp"
 #include "shared/shmem.hpp"
 
 namespace outbox {
@@ -502,6 +503,18 @@ outbox_commit_order_subxact_callback(SubXactEvent event, SubTransactionId mine, 
 }
 }
 
+// In _PG_init, so in the postmaster (every backend inherits them; with EXEC_BACKEND each backend
+// runs _PG_init again, still before anything else loads): PostgreSQL calls the newest-registered
+// callback first, so the pre-commit one runs after that of every library loaded later, lazily
+// registering or not (DESIGN.md "Commit order", "Callbacks"). Called for every
+// transaction of every backend: with nothing noted it returns at once.
+void
+RegisterCommitOrderCallbacks() {
+	RegisterXactCallback(outbox_commit_order_xact_callback, nullptr);
+	RegisterSubXactCallback(outbox_commit_order_subxact_callback, nullptr);
+	callbacks_registered = true;
+}
+
 bool
 CommitOrderTracked() {
 	LocalTransactionId lxid = OutboxLocalTransactionId();
@@ -514,13 +527,22 @@ CommitOrderTracked() {
 }
 
 void
-NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn) {
+NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before) {
 	if (stamping) {
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 		                errmsg("cannot enqueue an event while the transaction's events are put in commit order"),
 		                errdetail("The commit of this transaction locked its keys already; a key enqueued now "
 		                          "would not be in commit order."),
 		                errhint("Do not call outbox.enqueue from a trigger on outbox.events.")));
+	}
+	// _PG_init registers the callbacks, or refuses to load, except in binary upgrade mode (it
+	// registers nothing for pg_upgrade's LOAD): a row noted without them would never be stamped.
+	if (!callbacks_registered) {
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+		                errmsg("cannot enqueue a keyed event in binary upgrade mode"),
+		                errdetail("outbox's commit-order callbacks are registered at server start, not in binary "
+		                          "upgrade mode."),
+		                errhint("Enqueue after pg_upgrade has finished and the server runs normally.")));
 	}
 	// The padding at commit (WriteWalPast) trusts the stamps: one above the WAL would make it
 	// write WAL up to there.
@@ -531,10 +553,15 @@ NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn)
 		                errhint("order_lsn must keep its default, pg_current_wal_insert_lsn(): no trigger or default on "
 		                        "outbox.events may set it.")));
 	}
-	if (!callbacks_registered) {
-		RegisterXactCallback(outbox_commit_order_xact_callback, nullptr);
-		RegisterSubXactCallback(outbox_commit_order_subxact_callback, nullptr);
-		callbacks_registered = true;
+	// Across a restart the stripes are zero, and only the stamps' being at least the insert position
+	// at their insert puts a row above its key's rows committed in the previous run.
+	if (order_lsn < insert_before) {
+		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+		                errmsg("outbox.events.order_lsn %X/%X of the new event is below the WAL insert position",
+		                       LSN_HIGH_LOW(order_lsn)),
+		                errdetail("The WAL insert position was %X/%X before the insert.", LSN_HIGH_LOW(insert_before)),
+		                errhint("order_lsn must keep its default, pg_current_wal_insert_lsn(): no trigger or default on "
+		                        "outbox.events may set it.")));
 	}
 	if (noted_count == noted_capacity) {
 		Size capacity = noted_capacity == 0 ? 64 : noted_capacity * 2;
@@ -551,5 +578,54 @@ NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn)
 	                                      int(VARSIZE_ANY_EXHDR(key)), topic_hash);
 	noted[noted_count++] = NotedRow{key_hash, id, order_lsn, GetCurrentSubTransactionId(), false};
 }
+
+#ifdef OUTBOX_TEST_SEAMS
+// Test builds only: outbox.test_enqueue_at_pre_commit = 'topic:key' plays a library loaded after
+// outbox whose pre-commit callback enqueues (payload 'pre-commit'). Registered the first time the
+// setting is given a value in a backend, so it is newer than outbox's own callbacks.
+namespace {
+
+void
+EnqueueAtPreCommit(XactEvent event, void *) {
+	const char *spec = settings.test_enqueue_at_pre_commit;
+	if (event != XACT_EVENT_PRE_COMMIT || spec == nullptr || spec[0] == '\0') {
+		return;
+	}
+	const char *colon = strchr(spec, ':');
+	if (colon == nullptr) {
+		elog(ERROR, "outbox test: outbox.test_enqueue_at_pre_commit must be 'topic:key'");
+	}
+	Oid types[2] = {TEXTOID, TEXTOID};
+	Datum args[2] = {PointerGetDatum(cstring_to_text_with_len(spec, int(colon - spec))),
+	                 PointerGetDatum(cstring_to_text(colon + 1))};
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	int rc = SPI_execute_with_args("SELECT outbox.enqueue($1, $2, 'pre-commit'::text)", 2, types, args, nullptr,
+	                               false, 1);
+	if (rc != SPI_OK_SELECT) {
+		elog(ERROR, "outbox test: the enqueue at pre-commit failed: %s", SPI_result_code_string(rc));
+	}
+	PopActiveSnapshot();
+	SPI_finish();
+}
+
+} // namespace
+
+extern "C" {
+static void
+outbox_test_pre_commit_enqueue(XactEvent event, void *arg) {
+	CallFromPostgres("outbox_test_pre_commit_enqueue", EnqueueAtPreCommit, event, arg);
+}
+}
+
+void
+RegisterPreCommitEnqueueForTest() {
+	static bool registered = false;
+	if (!registered) {
+		RegisterXactCallback(outbox_test_pre_commit_enqueue, nullptr);
+		registered = true;
+	}
+}
+#endif
 
 } // namespace outbox

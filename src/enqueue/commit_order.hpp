@@ -11,7 +11,19 @@ namespace outbox {
 // ALTER EXTENSION UPDATE, has none and gets no commit-order work. Looked up once per transaction.
 bool CommitOrderTracked();
 
-// Notes a keyed row enqueue just inserted in the current (sub)transaction.
-void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn);
+// Registers the (sub)transaction callbacks, once, from _PG_init: older than any other library's
+// loaded later, so the pre-commit one runs after theirs.
+void RegisterCommitOrderCallbacks();
+
+// Notes a keyed row enqueue just inserted in the current (sub)transaction: order_lsn is the stamp
+// it read back, insert_before the WAL insert position read before the INSERT. A stamp outside
+// [insert_before, insert position now] is refused.
+void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before);
+
+#ifdef OUTBOX_TEST_SEAMS
+// Test builds only: outbox.test_enqueue_at_pre_commit's assign hook registers a pre-commit callback
+// that enqueues, the first time it is set in a backend: like a library loaded after outbox.
+void RegisterPreCommitEnqueueForTest();
+#endif
 
 } // namespace outbox

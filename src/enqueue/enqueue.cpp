@@ -475,6 +475,8 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 
 	// Unkeyed events promise no order: nothing to stamp in commit order.
 	bool commit_order = key != nullptr && outbox::CommitOrderTracked();
+	// The column default reads the insert position during the INSERT: never below this.
+	XLogRecPtr insert_before = commit_order ? GetXLogInsertRecPtr() : InvalidXLogRecPtr;
 	SPI_connect();
 	int rc = SPI_execute_plan(InsertPlan(caller_event_id, commit_order, env.columns), values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING) {
@@ -494,7 +496,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		PG_RETURN_NULL(); // duplicate event_id: ON CONFLICT DO NOTHING
 	}
 	if (commit_order) {
-		outbox::NoteKeyedRow(topic, key, id, order_lsn);
+		outbox::NoteKeyedRow(topic, key, id, order_lsn, insert_before);
 	}
 	outbox::WakeLaneAtCommit(lane);
 	PG_RETURN_UUID_P(event_id);

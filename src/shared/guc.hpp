@@ -64,6 +64,9 @@ struct Settings {
 	// Test-only fault injection: "step:N" makes the next N runs of that relay step (claim,
 	// record, next retry, purge) raise an ERROR after their statement.
 	char *test_fail_step;
+	// Test-only: 'topic:key' makes a pre-commit callback registered after outbox's (a library
+	// loaded later) enqueue an event of that key at each commit while it is set (commit_order.cpp).
+	char *test_enqueue_at_pre_commit;
 #endif
 };
 
