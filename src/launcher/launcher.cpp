@@ -336,7 +336,14 @@ ReapStopped(Database *db, int *slots) {
 		bool resize = slot->resize;
 		int wanted = slot->wanted;
 		SpinLockRelease(&slot->mutex);
-		if (resize) {
+		if (resize && wanted == 0 && db->asked_at >= registered_at[s]) {
+			// It saw 0, but a session's commit asked again since it started (a RESET of
+			// outbox.workers committed between its exit and this reap): what it saw may be stale,
+			// and no worker would be left to correct it until outbox.launcher_naptime.
+			db->wanted = ProbeCount();
+			db->stopping = true;
+			db->next_probe = 0;
+		} else if (resize) {
 			// Its database wants another count: all of its workers stop, then that many start.
 			db->wanted = wanted;
 			db->stopping = true; // Reconcile stops the others (their count is not wanted)
