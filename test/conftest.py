@@ -27,11 +27,12 @@ def mock_cluster():
 def make_relay(request):
     """make_relay(bootstrap, workers=1, **outbox_settings) -> a started PgCluster with the relay
     (the launcher relays every database with the extension; single_database=True sets the
-    deprecated outbox.database to `database`)."""
+    deprecated outbox.database to `database`; server={name: value} sets other server settings)."""
     clusters = []
 
-    def make(bootstrap, workers=1, create_extension=True, database="postgres", single_database=False, **outbox):
-        settings = {"outbox.bootstrap_servers": f"'{bootstrap}'", "outbox.workers": str(workers)}
+    def make(bootstrap, workers=1, create_extension=True, database="postgres", single_database=False, server=None,
+             **outbox):
+        settings = {"outbox.bootstrap_servers": f"'{bootstrap}'", "outbox.workers": str(workers), **(server or {})}
         if single_database:  # the deprecated outbox.database: only that database is relayed
             settings["outbox.database"] = f"'{database}'"
         for name, value in outbox.items():

@@ -108,6 +108,29 @@ def test_retry_failed_wakes_every_worker_at_commit(mock_cluster, make_relay):
     assert pg.value("SELECT outbox.retry_failed('billing')") == 0
 
 
+def test_commit_prepared_wakes_the_relay_for_the_prepared_events_and_retries(mock_cluster, make_relay):
+    # Two-phase commit (an XA coordinator): the enqueuing session's commit callback ran at PREPARE,
+    # when nothing was visible yet; COMMIT PREPARED, in the same database, is what must wake.
+    pg = make_relay(mock_cluster.bootstrap, poll_interval=LONG_POLL, server={"max_prepared_transactions": "2"})
+    pg.wait_workers_running(1)
+    retried = failed_events(pg, "billing", ["k1"])[0]
+    barrier(pg, "orders")
+    wait_asleep(pg, 1)
+    claims = claim_count(pg)
+    with pg.connect(autocommit=False) as c:
+        enqueued = c.execute("SELECT outbox.enqueue('billing', 'k2', '{}'::jsonb)::text").fetchone()[0]
+        assert c.execute("SELECT outbox.retry(%s)", (retried,)).fetchone()[0] == 1
+        c.execute("PREPARE TRANSACTION 'outbox-2pc'")
+    # Prepared: nothing visible, nothing woken.
+    with pytest.raises(Timeout):
+        wait_until(lambda: claim_count(pg) > claims, QUIET, "a claim of the sleeping worker")
+    pg.sql("COMMIT PREPARED 'outbox-2pc'")
+    wait_until(lambda: statuses(pg, [retried, enqueued]) == ["published", "published"], DEADLINE,
+               f"the prepared events published well within outbox.poll_interval = {LONG_POLL}")
+    ids = {r.event_id for r in read_topic(mock_cluster.bootstrap, "billing", 2, settle=True)}
+    assert ids == {retried, enqueued}
+
+
 # --- last_error: stale or current -----------------------------------------------------------
 
 def backoffs(pg):

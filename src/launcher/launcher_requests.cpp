@@ -25,7 +25,7 @@ enum class Request {
 	Look,        // look at this database again (new extension, new count for a database without slots)
 	Restart,     // its running workers stop so that new ones read its committed outbox.workers
 	Rescan,      // pg_database changed
-	WakeWorkers, // DROP EXTENSION outbox: this database's workers see it gone at their next step
+	WakeWorkers, // DROP EXTENSION outbox (its workers see it gone), COMMIT PREPARED (its events)
 };
 
 struct Note {
@@ -262,6 +262,13 @@ NoteStatementForLauncher(Node *stmt, bool outbox_existed) {
 				AddNote(Request::WakeWorkers, MyDatabaseId);
 			}
 		}
+	} else if (IsA(stmt, TransactionStmt) &&
+	           reinterpret_cast<TransactionStmt *>(stmt)->kind == TRANS_STMT_COMMIT_PREPARED) {
+		// Its transaction's events (or retries) became visible in this statement, and only here
+		// (a prepared transaction belongs to the database it prepared in, and COMMIT PREPARED runs
+		// there): no callback of the prepared transaction's own sessions is left to wake anyone.
+		// A wake sets latches only: each of this database's workers claims once.
+		AddNote(Request::WakeWorkers, MyDatabaseId);
 	} else if (IsA(stmt, CreatedbStmt) || IsA(stmt, DropdbStmt) || IsA(stmt, AlterDatabaseStmt) ||
 	           (IsA(stmt, RenameStmt) && reinterpret_cast<RenameStmt *>(stmt)->renameType == OBJECT_DATABASE)) {
 		AddNote(Request::Rescan, InvalidOid);
