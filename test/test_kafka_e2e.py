@@ -1,5 +1,10 @@
 """End to end against a real Apache Kafka broker (KRaft, one node, jars from Maven Central),
-read back with a real Kafka consumer."""
+read back with a real Kafka consumer.
+
+Every test runs against 4.1 (test/kafka/pom.xml, the release the other Kafka tests use) and
+against the newest release, 4.4 (pom-4.4.xml): one broker per release for the module, so the
+relay is known to work with what a new deployment runs, not only with what it was written for.
+test/run runs this module with Debian's librdkafka 2.0.2 and again with 2.8.0."""
 
 import os
 import re
@@ -42,9 +47,18 @@ def java_partition(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-@pytest.fixture(scope="module")
-def kafka():
-    with KafkaBroker() as kb:
+# The Kafka releases this module runs against (harness/kafka_broker.py RELEASES).
+RELEASES = ("4.1", "4.4")
+
+
+@pytest.fixture(scope="module", params=RELEASES, ids=lambda release: f"kafka-{release}")
+def kafka(request):
+    with KafkaBroker(release=request.param) as kb:
+        # The broker runs the release asked for (a pom mix-up would test another one).
+        with open(kb.log_path) as f:
+            version = re.search(r"Kafka version: (\S+)", f.read())
+        running = version.group(1) if version else "no version in its log"
+        assert running.startswith(f"{request.param}."), f"asked for Kafka {request.param}, got {running}"
         kb.create_topic("billing.invoices", partitions=6)
         # The broker refuses records over 1000 bytes on this topic: a real per-event rejection.
         kb.create_topic("billing.small", partitions=1, config={"max.message.bytes": "1000"})

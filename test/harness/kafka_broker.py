@@ -76,7 +76,9 @@ FETCH_JARS = os.path.join(_KAFKA_DIR, "fetch-jars.sh")
 # librdkafka before 2.6.1 (Debian 12 has 2.0.2) answers the SCRAM server-first message with a
 # nonce that Kafka 4.x refuses as invalid credentials (librdkafka#4895); 3.x accepts it.
 RELEASES = {"4.1": os.path.join(_KAFKA_DIR, "pom.xml"),
-            "3.9": os.path.join(_KAFKA_DIR, "pom-3.9.xml")}
+            "3.9": os.path.join(_KAFKA_DIR, "pom-3.9.xml"),
+            # The newest release (its jars still target Java 17), for test_kafka_e2e.py.
+            "4.4": os.path.join(_KAFKA_DIR, "pom-4.4.xml")}
 LOG4J_CONFIG = os.path.join(_KAFKA_DIR, "log4j2.properties")
 
 NODE_ID = 1
@@ -185,8 +187,8 @@ class KafkaBroker:
                        of a throwaway CA made in the temp dir (self.ca)
         scram_users    {name: password}: SCRAM-SHA-512 users, written into the storage by
                        the broker's own `kafka-storage format --add-scram`
-        release        "4.1" (test/kafka/pom.xml) or "3.9" (pom-3.9.xml): librdkafka
-                       before 2.6.1 can SCRAM-authenticate to 3.x brokers only (RELEASES)
+        release        "4.1" (test/kafka/pom.xml), "4.4" (pom-4.4.xml) or "3.9" (pom-3.9.xml):
+                       librdkafka before 2.6.1 can SCRAM-authenticate to 3.x brokers only
         oauth          an identity provider (jwks_url, issuer, audience: OidcProvider): also
                        open the OAUTH listener, where the broker's own
                        OAuthBearerValidatorCallbackHandler validates tokens with its JWKS

@@ -6,7 +6,8 @@
 #   LIBS_DIR defaults to ${OUTBOX_CACHE:-$HOME/.cache/outbox}/kafka-<version>/libs, where
 #   <version> is the kafka.version property of pom.xml next to this script.
 #   OUTBOX_KAFKA_POM, if set, is the pom to resolve instead of pom.xml next to this script
-#   (pom-3.9.xml: the Kafka 3.9 broker of the SASL/SCRAM tests).
+#   (pom-3.9.xml: the Kafka 3.9 broker of the SASL/SCRAM tests; pom-4.4.xml: the newest release,
+#   for the end-to-end tests).
 #   OUTBOX_MAVEN_REPO, if set, is used as Maven's local repository (default: Maven's own,
 #   normally ~/.m2/repository).
 #
