@@ -1,11 +1,13 @@
-"""The README's quick start, run as written: its one marked block, with bash -euo pipefail, psql
-and kcat, against a fresh cluster and a real Kafka broker. Only the connection variables the
+"""The README's quick start, run as written: its one marked block, with bash -euo pipefail, psql,
+kcat and kafka-topics.sh, against a fresh cluster configured only as the README's "Configure"
+says and a real Kafka broker that creates no topic by itself. Only the connection variables the
 README names (PGHOST, PGPORT, PGUSER, KAFKA) are set by the test. Also what the README says of
 CREATE DATABASE ... TEMPLATE of a relayed database, and its workaround."""
 
 import os
 import re
 import subprocess
+import tempfile
 
 import psycopg
 import pytest
@@ -18,6 +20,10 @@ README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 MARKED_BLOCK = re.compile(r"^<!-- quickstart:[^\n]*-->\n```sh\n(.*?)^```$", re.S | re.M)
 
 
+# The postgresql.conf lines of README "Configure": the first block after that heading.
+CONFIGURE_BLOCK = re.compile(r"^### Configure\n.*?^```\n(.*?)^```$", re.S | re.M)
+
+
 def quickstart_block():
     with open(README, encoding="utf-8") as f:
         blocks = MARKED_BLOCK.findall(f.read())
@@ -25,22 +31,49 @@ def quickstart_block():
     return blocks[0]
 
 
+def configure_settings(bootstrap):
+    """README "Configure"'s postgresql.conf settings ({name: value}), its brokers replaced by ours."""
+    with open(README, encoding="utf-8") as f:
+        block = CONFIGURE_BLOCK.search(f.read())
+    assert block, 'README.md has no "### Configure" section with a postgresql.conf block'
+    settings = {}
+    for line in block.group(1).splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, value = (part.strip() for part in line.split("=", 1))
+            settings[name] = value
+    assert settings.get("shared_preload_libraries") == "'outbox'", settings
+    assert "outbox.bootstrap_servers" in settings, settings
+    settings["outbox.bootstrap_servers"] = f"'{bootstrap}'"
+    return settings
+
+
 @pytest.fixture(scope="module")
 def quickstarted():
     """A fresh cluster installed as the README's Install says, the quick start run on it."""
-    with KafkaBroker() as kafka:
-        # Fresh: no extension, no database but initdb's; the relay's brokers in postgresql.conf.
-        with PgCluster(settings={"outbox.bootstrap_servers": f"'{kafka.bootstrap}'"}, create_extension=False) as pg:
+    # A broker that creates no topic on a first produce or fetch (a production broker's usual
+    # setting): the block must create its topic, with the Kafka CLI.
+    with KafkaBroker(overrides={"auto.create.topics.enable": "false"}) as kafka, \
+            tempfile.TemporaryDirectory(prefix="outbox-kafka-cli-") as cli:
+        kafka.write_kafka_topics_sh(cli)
+        # Fresh: no extension, no database but initdb's; postgresql.conf as README "Configure"
+        # says and nothing else of the harness's (no faster polls or backoffs, fsync on).
+        with PgCluster(settings=configure_settings(kafka.bootstrap), create_extension=False,
+                       harness_defaults=False) as pg:
             env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-            env.update(PGHOST=pg.tmp, PGPORT=str(pg.port), PGUSER="postgres", KAFKA=kafka.bootstrap)
+            env.update(PGHOST=pg.tmp, PGPORT=str(pg.port), PGUSER="postgres", KAFKA=kafka.bootstrap,
+                       PATH=f"{cli}:{os.environ['PATH']}")
             run = subprocess.run(["bash", "-euo", "pipefail", "-c", quickstart_block()], env=env,
-                                 capture_output=True, text=True, timeout=120)
+                                 capture_output=True, text=True, timeout=180)
             yield pg, run
 
 
 def test_the_quick_start_runs_as_written_and_reads_the_event_back(quickstarted):
     pg, run = quickstarted
     assert run.returncode == 0, f"stdout:\n{run.stdout}\nstderr:\n{run.stderr}"
+    # On the server's defaults but for README "Configure": none of the harness's own.
+    assert pg.sql("SELECT current_setting('outbox.poll_interval'), current_setting('fsync'), "
+                  "current_setting('outbox.workers')") == [("10s", "on", "2")]
     event_id = pg.value("SELECT outbox.event_id('invoice-42', 'paid')::text", dbname="billing")
     # kcat's line: the key, the relay's event_id header beside the event's own, the payload.
     record = [line for line in run.stdout.splitlines() if line.startswith("key=")]
@@ -86,3 +119,6 @@ def test_create_database_template_of_a_relayed_database_fails_until_its_relay_is
     wait_until(lambda: pg.value("SELECT count(*) FROM outbox.workers WHERE pid IS NOT NULL", dbname="billing") >= 1,
                60, "billing relayed again")
     assert pg.value("SELECT count(*) FROM invoices", dbname="billing_copy") == 1
+    # What the README says of the copy: not the source's SET, a relay of its own at once.
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.workers WHERE pid IS NOT NULL",
+                                dbname="billing_copy") >= 1, 60, "billing_copy's own relay")

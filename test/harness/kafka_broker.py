@@ -15,6 +15,10 @@ machine's Java 17+, in a fresh temp dir, listening on two free loopback ports:
     with OidcProvider(clients={"relay": "s3cret"}) as idp, KafkaBroker(oauth=idp) as kb:
         kb.oauth_bootstrap
 
+    # An operator's kafka-topics.sh (the release's TopicCommand) in a directory for PATH:
+    with KafkaBroker(overrides={"auto.create.topics.enable": "false"}) as kb:
+        kb.write_kafka_topics_sh(bindir)
+
     # TLS listeners (SECURE_LISTENERS) with a throwaway CA, SCRAM-SHA-512 users, Kafka 3.9:
     with KafkaBroker(secure=True, scram_users={"relay": "pw"}, release="3.9") as kb:
         kb.secure_bootstrap["SCRAM"], kb.ca.cert_pem, kb.ca.issue("client", client=True)
@@ -37,6 +41,7 @@ import argparse
 import base64
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -315,6 +320,26 @@ class KafkaBroker:
 
         self._poll(leaders_ready, deadline, f"leaders for all {partitions} partitions of "
                                             f"topic {name!r}")
+
+    def write_kafka_topics_sh(self, directory):
+        """A `kafka-topics.sh` in `directory`, as a Kafka distribution's bin/ has, for tests that
+        run an operator's commands (test_readme_quickstart.py): it runs the broker release's own
+        TopicCommand from the cached jars (the 4.1 pom fetches kafka-tools for it), logging to a
+        file beside it. Returns its path."""
+        self._require_running()
+        tools = [jar for jar in os.listdir(self._libs) if jar.startswith("kafka-tools-") and
+                 not jar.startswith("kafka-tools-api-")]
+        if not tools:
+            raise KafkaBrokerError(f"no kafka-tools jar in {self._libs}: the release's pom "
+                                   f"({RELEASES[self.release]}) does not fetch it")
+        path = os.path.join(directory, "kafka-topics.sh")
+        command = self._jvm("128m", os.path.join(directory, "kafka-topics.log"),
+                            "org.apache.kafka.tools.TopicCommand")
+        with open(path, "w") as f:
+            f.write("#!/bin/sh\n# Written by test/harness/kafka_broker.py\n"
+                    f"exec {' '.join(shlex.quote(arg) for arg in command)} \"$@\"\n")
+        os.chmod(path, 0o755)
+        return path
 
     # -- internals ------------------------------------------------------------------------
 

@@ -22,23 +22,31 @@ def free_port():
 
 
 class PgCluster:
-    def __init__(self, settings=None, database="postgres", create_extension=True, datadir=None, bindir=None):
+    def __init__(self, settings=None, database="postgres", create_extension=True, datadir=None, bindir=None,
+                 harness_defaults=True):
         # bindir: the server's programs (initdb, pg_ctl); default: the first on PATH.
+        # harness_defaults=False: postgresql.conf gets only `settings` and where the server listens
+        # (a socket in the temp dir, a free port): not the harness's faster polls and backoffs,
+        # fsync = off, more worker processes, nor even shared_preload_libraries. For a cluster
+        # configured only as a document says (test_readme_quickstart.py).
         self.bindir = bindir
         self.tmp = tempfile.mkdtemp(prefix="outbox-pg-")
         self.datadir = datadir or os.path.join(self.tmp, "data")
         self.port = free_port()
         self.database = database
         self.log_path = os.path.join(self.tmp, "postgres.log")
-        self.settings = {
+        where_it_listens = {
+            "listen_addresses": "''",
+            "unix_socket_directories": f"'{self.tmp}'",
+            "port": str(self.port),
+        }
+        self.settings = where_it_listens if not harness_defaults else {
             "shared_preload_libraries": "'outbox'",
             "outbox.poll_interval": "'2s'",
             "outbox.backoff_base": "'100ms'",
             "outbox.backoff_max": "'1s'",
             "outbox.publish_timeout": "'5s'",
-            "listen_addresses": "''",
-            "unix_socket_directories": f"'{self.tmp}'",
-            "port": str(self.port),
+            **where_it_listens,
             "fsync": "off",
             "max_worker_processes": "40",
             # warning (the default) shows ERROR lines too; "log" would hide them (LOG ranks above
