@@ -442,6 +442,38 @@ def test_a_trigger_that_skips_the_restamp_fails_the_commit(pg, topic):
     assert published_order(pg, topic, "k") == ["A", "D", "C"]
 
 
+@pytest.mark.parametrize("stamp", ["OLD.order_lsn", "'0/1'", f"pg_current_wal_insert_lsn() + {PAD}"],
+                         ids=["kept", "low", "ahead"])
+def test_a_trigger_that_changes_the_restamp_fails_the_commit(pg, topic, stamp):
+    # A superuser's BEFORE UPDATE trigger that sets NEW.order_lsn (an "immutable column" guard
+    # keeping OLD's, or any other value) turns the commit's re-stamp into another stamp than the
+    # one it locked and padded for: B, committed after A, would keep its insert-time stamp below
+    # A's (kept), sort before rows committed in an earlier run (low), or lie ahead of the WAL and
+    # of the stripe the next commit of its key stamps above (ahead). The commit fails instead.
+    pg.sql("CREATE FUNCTION public.co_set() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+           f"IF NEW.topic = '{topic}' THEN NEW.order_lsn := {stamp}; END IF; RETURN NEW; END $$")
+    pg.sql("CREATE TRIGGER co_set BEFORE UPDATE ON outbox.events FOR EACH ROW EXECUTE FUNCTION public.co_set()")
+    try:
+        t1, t2 = session(pg, APP), session(pg, APP)
+        with t1, t2:
+            t1.execute("BEGIN")
+            enqueue(t1, topic, "k", "B")
+            enqueue(t2, topic, "k", "A")  # T1's commit re-stamps B above A
+            with pytest.raises(psycopg.errors.TriggeredActionException) as e:
+                t1.execute("COMMIT")
+            assert "NEW.order_lsn" in e.value.diag.message_hint
+            assert our_locks_of(pg, t1) == {}
+    finally:
+        pg.sql("DROP TRIGGER co_set ON outbox.events")
+        pg.sql("DROP FUNCTION public.co_set()")
+    with session(pg, APP) as t1, session(pg, APP) as t2:
+        t1.execute("BEGIN")
+        enqueue(t1, topic, "k", "C")
+        enqueue(t2, topic, "k", "D")
+        t1.execute("COMMIT")
+    assert published_order(pg, topic, "k") == ["A", "D", "C"]
+
+
 # -- another library's pre-commit callback that enqueues -----------------------------------------
 
 @pytest.mark.parametrize("also_enqueues", [False, True], ids=["only-at-pre-commit", "and-before"])

@@ -242,3 +242,75 @@ def test_a_loop_of_statements_a_role_with_only_connect_may_run_does_not_stall_a_
                 return pending(pg, "db_b") == 0
             wait_until(published, 120, "db_b's backlog published while the statements run")
         assert statements > 0 and runs(pg, "db_b") == before
+
+
+
+def start_three(pg, mock_cluster):
+    """db_b, db_c and db_s relayed; db_s owned by `setter`, granted SET on outbox.workers."""
+    need_grant_set(pg)
+    for db in ("db_b", "db_c", "db_s"):
+        add_database(pg, mock_cluster, db)
+        wait_running(pg, db, 1)
+    pg.sql("CREATE ROLE setter LOGIN")
+    pg.sql("ALTER DATABASE db_s OWNER TO setter", dbname="postgres")
+    pg.sql("GRANT SET ON PARAMETER outbox.workers TO setter")
+
+
+def db_s_runs(pg):
+    return running(pg, "db_s") == 1 and launcher_rows(pg, "db_b")["db_s"][0] == "running"
+
+
+def test_a_reset_while_a_probe_that_saw_zero_is_still_there_starts_the_relay_at_once(mock_cluster):
+    # db_s is disabled (outbox.workers = 0, set by `setter`, who owns it and was granted SET on
+    # outbox.workers). Setting the 0 again starts a probe; it reads the 0 at connect and is held
+    # (a superuser's lock on db_s's pg_extension) before it reports it. The RESET commits then,
+    # and is taken by the launcher while that probe still holds its slot: when it reports its
+    # (stale) 0, db_s must be probed again at once, not after outbox.launcher_naptime (1h here).
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        start_three(pg, mock_cluster)
+        before_b = runs(pg, "db_b")
+        db_s = pg.value("SELECT oid FROM pg_database WHERE datname = 'db_s'")
+        with connect_as(pg, "setter", "postgres", autocommit=True) as c:
+            c.execute("ALTER DATABASE db_s SET outbox.workers = 0")
+            wait_until(lambda: running(pg, "db_s") == 0 and launcher_rows(pg, "db_b")["db_s"][0] == "disabled",
+                       60, "db_s disabled")
+            with pg.connect("db_s", autocommit=False) as holder:
+                holder.execute("LOCK TABLE pg_catalog.pg_extension IN ACCESS EXCLUSIVE MODE")
+                c.execute("ALTER DATABASE db_s SET outbox.workers = 0")  # a probe starts, and reads 0
+                wait_until(lambda: pg.value("SELECT count(*) FROM pg_locks WHERE database = %s AND relation = "
+                                            "'pg_catalog.pg_extension'::regclass AND NOT granted", (db_s,)) > 0,
+                           30, "the probe of db_s held before it looks for the extension")
+                c.execute("ALTER DATABASE db_s RESET outbox.workers")
+                served_after(pg, "db_c")  # the launcher took the RESET while the probe holds its slot
+                holder.rollback()
+        try:
+            wait_until(lambda: db_s_runs(pg), 60, "db_s running after its RESET")
+        except Timeout:
+            raise AssertionError(f"db_s left without a relay: {launcher_rows(pg, 'db_b')}")
+        assert runs(pg, "db_b") == before_b
+
+
+@pytest.mark.parametrize("last", ["RESET outbox.workers", "SET outbox.workers = 0"], ids=["reset", "zero"])
+def test_a_loop_of_zero_and_reset_by_a_role_granted_set_ends_with_the_last_count(mock_cluster, last):
+    # The same role flips db_s's count between 0 and the files' (RESET) as fast as it can:
+    # commits land everywhere in a probe's life. db_s ends with the last count: running after a
+    # RESET, disabled with no worker after a 0 (a probe started for a late request sees it and
+    # leaves). No other relay restarts.
+    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+        start_three(pg, mock_cluster)
+        before_b = runs(pg, "db_b")
+        with connect_as(pg, "setter", "db_s", autocommit=True) as c:
+            for _ in range(30):
+                c.execute("ALTER DATABASE db_s SET outbox.workers = 0")
+                c.execute("ALTER DATABASE db_s RESET outbox.workers")
+            c.execute(f"ALTER DATABASE db_s {last}")
+        served_after(pg, "db_c")  # the launcher has taken every request of the loop
+        if last.startswith("RESET"):
+            try:
+                wait_until(lambda: db_s_runs(pg), 60, "db_s running after its last RESET")
+            except Timeout:
+                raise AssertionError(f"db_s left without a relay: {launcher_rows(pg, 'db_b')}")
+        else:
+            wait_until(lambda: running(pg, "db_s") == 0 and launcher_rows(pg, "db_b")["db_s"][0] == "disabled",
+                       60, "db_s disabled after its last 0")
+        assert runs(pg, "db_b") == before_b

@@ -273,13 +273,19 @@ RestampPlan() {
 	return plan;
 }
 
+// After the re-stamp (and the triggers it fired): how many of the rows still exist, and how many
+// of those hold another stamp than the one written.
 SPIPlanPtr
 ExistingRowsPlan() {
 	static SPIPlanPtr plan = nullptr;
 	if (plan == nullptr) {
-		Oid types[1] = {INT8ARRAYOID};
-		SPIPlanPtr p = SPI_prepare("SELECT pg_catalog.count(*) FROM outbox.events WHERE id OPERATOR(pg_catalog.=) ANY ($1)",
-		                           1, types);
+		Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
+		SPIPlanPtr p = SPI_prepare("SELECT pg_catalog.count(*), "
+		                           "pg_catalog.count(*) FILTER (WHERE e.order_lsn OPERATOR(pg_catalog.<>) u.order_lsn) "
+		                           "FROM outbox.events AS e "
+		                           "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+		                           "ON e.id OPERATOR(pg_catalog.=) u.id",
+		                           2, types);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the commit-order count: %s", SPI_result_code_string(SPI_result));
 		}
@@ -338,20 +344,34 @@ WriteStamps(Oid events, Size count) {
 	}
 	uint64 updated = SPI_processed;
 	// Rows deleted since their enqueue are not updated; any other row not updated (a BEFORE UPDATE
-	// trigger that returned NULL) would keep a stamp out of commit order.
-	rc = SPI_execute_plan(ExistingRowsPlan(), values, nullptr, true, 1);
+	// trigger that returned NULL) would keep a stamp out of commit order. Not read-only: a new
+	// command id, so the count sees the rows as the UPDATE and the triggers it fired left them.
+	rc = SPI_execute_plan(ExistingRowsPlan(), values, nullptr, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1) {
 		elog(ERROR, "outbox: commit-order count failed: %s", SPI_result_code_string(rc));
 	}
 	bool isnull;
 	uint64 existing = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)));
-	if (updated != existing) {
+	uint64 other_stamp = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)));
+	if (updated < existing) { // more: an AFTER UPDATE trigger deleted a row since
 		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
 		                errmsg("outbox: the commit-order update of outbox.events changed %llu of %llu rows",
 		                       static_cast<unsigned long long>(updated), static_cast<unsigned long long>(existing)),
 		                errdetail("Rows the commit must move above an earlier commit of their key were not updated."),
 		                errhint("A trigger on outbox.events must not skip an UPDATE (a BEFORE UPDATE trigger returning "
 		                        "NULL).")));
+	}
+	// A trigger that set order_lsn (NEW.order_lsn := OLD.order_lsn, say) would leave a stamp the
+	// locks and the padding were not for: below an earlier commit of its key, or ahead of the WAL.
+	if (other_stamp > 0) {
+		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+		                errmsg("outbox: the commit-order update of outbox.events left %llu of %llu rows with another "
+		                       "order_lsn than it wrote",
+		                       static_cast<unsigned long long>(other_stamp), static_cast<unsigned long long>(existing)),
+		                errdetail("Rows the commit must move above an earlier commit of their key did not get their new "
+		                          "stamp."),
+		                errhint("A trigger on outbox.events must not set order_lsn (a BEFORE UPDATE trigger that changes "
+		                        "NEW.order_lsn).")));
 	}
 	PopActiveSnapshot();
 	SPI_finish();
