@@ -50,7 +50,7 @@ struct Database {
 	TimestampTz next_probe;  // Missing: when to look again
 	TimestampTz not_before;  // no start before (restart delay, no slot)
 	bool stopping;           // the launcher asked its workers to stop
-	TimestampTz asked_at;    // a session's commit last asked to look at it
+	uint64 asked;            // the ask (below) of a session's commit that last asked to look at it
 	bool template_logged;    // made a template (ALTER DATABASE ... IS_TEMPLATE): said once
 	// Slots it held before the launcher stopped its workers for a restart (or one stopped by
 	// itself): no other database may take them until it runs again or gives them up.
@@ -64,7 +64,10 @@ Database *databases = nullptr;
 int n_databases = 0;
 int databases_capacity = 0;
 BackgroundWorkerHandle *handles[kMaxSlots];
-TimestampTz registered_at[kMaxSlots];
+// Sessions' asks are counted, not timed: "asked after this worker started" must not depend on a
+// wall clock that can step back (the launcher compares them, never the time).
+uint64 asks = 0;
+uint64 registered_after[kMaxSlots]; // the last ask before the slot's worker was started
 MemoryContext launcher_context = nullptr;
 
 TimestampTz
@@ -291,7 +294,7 @@ StartWorkers(Database *db, const int *slots, int n, bool only_first) {
 			continue;
 		}
 		MemoryContext old = MemoryContextSwitchTo(launcher_context);
-		registered_at[s] = Now();
+		registered_after[s] = asks;
 		bool started = StartRelayWorker(s, generation, &handles[s]);
 		MemoryContextSwitchTo(old);
 		if (!started) {
@@ -336,7 +339,7 @@ ReapStopped(Database *db, int *slots) {
 		bool resize = slot->resize;
 		int wanted = slot->wanted;
 		SpinLockRelease(&slot->mutex);
-		if (resize && wanted == 0 && db->asked_at >= registered_at[s]) {
+		if (resize && wanted == 0 && db->asked > registered_after[s]) {
 			// It saw 0, but a session's commit asked again since it started (a RESET of
 			// outbox.workers committed between its exit and this reap): what it saw may be stale,
 			// and no worker would be left to correct it until outbox.launcher_naptime.
@@ -351,7 +354,7 @@ ReapStopped(Database *db, int *slots) {
 				db->next_probe = TimestampTzPlusMilliseconds(Now(), settings.launcher_naptime_ms);
 			}
 		}
-		if (missing && db->asked_at >= registered_at[s]) {
+		if (missing && db->asked > registered_after[s]) {
 			missing = false; // CREATE EXTENSION may have committed after it looked: look again
 			db->extension = Extension::Unknown;
 		} else if (missing) {
@@ -590,7 +593,7 @@ TakeRequests() {
 			continue;
 		}
 		// A look under way that finds no extension may have looked before this commit.
-		db->asked_at = Now();
+		db->asked = ++asks;
 		int slots[kMaxSlots];
 		if (SlotsOf(db->oid, slots) == 0) {
 			if (!SingleDatabaseMode()) {
@@ -628,7 +631,7 @@ TakeRestarts() {
 			SpinLockRelease(&other->mutex);
 		}
 		TerminateAll(db, slots, n);
-		db->asked_at = Now();
+		db->asked = ++asks;
 		if (!SingleDatabaseMode()) {
 			db->extension = Extension::Unknown;
 		}
