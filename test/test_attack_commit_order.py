@@ -613,3 +613,29 @@ def test_a_bulk_commit_that_fails_while_it_waits_leaves_no_mark_behind(pg, topic
     assert published_order(pg, topic, "k1") == ["P0"]
     assert published_order(pg, topic, victim) == ["P1"]
     assert published_order(pg, topic, "j1") == ["P0", "M2"]
+
+
+def test_a_prepare_waiting_for_a_prepared_key_holds_up_no_bulk_commit_of_other_keys(pg, topic):
+    # P1's PREPARE waits for P0's key. Merge b1eecc6's P1 held the prepare gate meanwhile, and a
+    # bulk commit of other keys waited for it at the gate (here: its lock_timeout).
+    g0, g1 = "pw0-" + topic, "pw1-" + topic
+    p0, p1, many = session(pg, APP), session(pg, APP), session(pg, APP, lock_timeout="5s")
+    with p0, p1, many:
+        p0.execute("BEGIN")
+        enqueue(p0, topic, "shared", "P0")
+        p0.execute(f"PREPARE TRANSACTION '{g0}'")
+        p1.execute("BEGIN")
+        enqueue(p1, topic, "shared", "P1")
+        preparing = InThread(p1, f"PREPARE TRANSACTION '{g1}'")
+        try:
+            wait_until(lambda: waiting_for(pg, p1, KEY_LOCK_CLASS), what="P1's PREPARE waiting for P0's key")
+            many.execute("BEGIN")
+            enqueue_many(many, topic, "M", key_lock_limit(pg) + 1)
+            many.execute("COMMIT")
+        finally:
+            pg.sql(f"COMMIT PREPARED '{g0}'")
+            preparing.thread.join(60)
+        preparing.join()
+        pg.sql(f"COMMIT PREPARED '{g1}'")
+    assert published_order(pg, topic, "shared") == ["P0", "P1"]
+    assert published_order(pg, topic, "k1") == ["M"]
