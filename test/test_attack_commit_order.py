@@ -516,7 +516,7 @@ def test_a_bulk_commit_finishes_under_a_steady_queue_of_committers_of_one_of_its
             start(i)
             pg.sql(f"COMMIT PREPARED '{gids[i - 1]}'")
             commits[i - 1].join()
-        wait_until(lambda: not committer.thread.is_alive(), 10,
+        wait_until(lambda: not committer.thread.is_alive(), 30,
                    "the bulk commit finished while committers of its key keep coming")
     finally:
         for (gid,) in pg.sql("SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)", (gids,)):
