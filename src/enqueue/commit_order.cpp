@@ -169,7 +169,8 @@ AnyStripeMarked(const NotedRow *rows, Size count) {
 // The committer of many keys tries each of its keys RowShare, which only a PREPARE's lock makes
 // busy; at a busy one it gives the global lock back, waits for that key alone behind those queued
 // for it (holding up nobody but PREPAREs of its keys), lets it go and starts again. It holds at
-// most two of ours besides the prepare gate. With the gate held its keys' stripes are marked: a
+// most two of ours besides the prepare gate, which it takes at its first busy key (one that finds
+// its keys free at once never asks for it). With the gate held its keys' stripes are marked: a
 // PREPARE that finds one of its stripes marked before its first key waits for the gate, so of
 // PREPAREs it waits only for those that looked before it marked, never for one that came later.
 void
@@ -178,8 +179,7 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
 		return; // no prepared transaction: every holder of a key lock holds the Share lock too
 	}
-	Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
-	MarkStripes(rows, count);
+	bool gated = false;
 	for (;;) {
 		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
 		const NotedRow *busy = nullptr;
@@ -194,11 +194,20 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 			}
 		}
 		if (busy == nullptr) {
-			UnmarkStripes();
-			Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			if (gated) {
+				UnmarkStripes();
+				Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			}
 			return;
 		}
 		Unlock(0, 0, kGlobalLockClass, ExclusiveLock);
+		if (!gated) {
+			// Only one that must wait takes the gate: one whose keys are free never queues behind a
+			// PREPARE waiting there (which may wait for a committer stuck at a prepared key).
+			Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			MarkStripes(rows, count);
+			gated = true;
+		}
 		WaitForKey(busy->key_hash, kBulkWaitMode);
 		UnlockKey(busy->key_hash, kBulkWaitMode);
 	}
