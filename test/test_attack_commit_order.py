@@ -497,3 +497,177 @@ def test_an_enqueue_from_a_later_librarys_pre_commit_is_in_commit_order(pg, topi
         t2.execute("COMMIT")
     assert published_order(pg, topic, "k") == ["pre-commit", "T2"]
     assert published_order(pg, topic, "other") == (["T1"] if also_enqueues else [])
+
+
+# -- (e) a cold read of the prepared-transaction locks (DESIGN.md "Commit order") ----------------
+
+def key_hash(pg, topic, key):
+    """commit_order.cpp's 64-bit hash of (topic, key), unsigned: keys are locked in its order, and
+    its low 16 bits are the key's stripe."""
+    h = pg.value("SELECT hashtextextended(%s COLLATE \"C\", hashtextextended(%s COLLATE \"C\", 0))", (key, topic))
+    return h & 0xFFFFFFFFFFFFFFFF
+
+
+def test_a_bulk_commit_finishes_under_a_steady_queue_of_committers_of_one_of_its_keys(pg, topic):
+    # (a) Each T<i> enqueues for `low` (one of the bulk commit's keys) and for y<i>, which a
+    # prepared Q<i> holds: T<i> keeps `low` while it waits for y<i>. T<i+1> comes while T<i> waits,
+    # then Q<i> commits. Merge b1eecc6's bulk commit waited for `low`, gave it back and found the
+    # next T holding it, for as long as they kept coming (holding the prepare gate and taking the
+    # global lock at each retry). None of them has stamped: the bulk commit need not wait for them.
+    rounds = 3
+    m_keys = [f"k{i}" for i in range(1, key_lock_limit(pg) + 2)]
+    hashes = {k: key_hash(pg, topic, k) for k in m_keys}
+    low = min(m_keys, key=hashes.get)
+    ys = [y for y in (f"y{j}" for j in range(200)) if key_hash(pg, topic, y) > hashes[low]][:rounds]
+    gids = [f"q{i}-{topic}" for i in range(rounds)]
+    preparer, many = session(pg, APP), session(pg, APP)
+    ts = [session(pg, APP) for _ in range(rounds)]
+    commits, committer = [], None
+    try:
+        for gid, y in zip(gids, ys):
+            preparer.execute("BEGIN")
+            enqueue(preparer, topic, y, "Q")
+            preparer.execute(f"PREPARE TRANSACTION '{gid}'")
+
+        def start(i):
+            ts[i].execute("BEGIN")
+            enqueue(ts[i], topic, low, f"T{i}")
+            enqueue(ts[i], topic, ys[i], f"T{i}")
+            commits.append(InThread(ts[i], "COMMIT"))
+            wait_until(lambda: waiting_for(pg, ts[i], KEY_LOCK_CLASS), what=f"T{i} waiting for y{i}")
+
+        start(0)
+        many.execute("BEGIN")
+        enqueue_many(many, topic, "M", len(m_keys))
+        committer = InThread(many, "COMMIT")
+        for i in range(1, rounds):
+            if not committer.thread.is_alive():
+                break
+            wait_until(lambda: not committer.thread.is_alive() or waiting_on_lock(pg, many),
+                       what="the bulk commit done or waiting")
+            start(i)
+            pg.sql(f"COMMIT PREPARED '{gids[i - 1]}'")
+            commits[i - 1].join()
+        wait_until(lambda: not committer.thread.is_alive(), 30,
+                   "the bulk commit finished while committers of its key keep coming")
+    finally:
+        for (gid,) in pg.sql("SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)", (gids,)):
+            pg.sql(f"COMMIT PREPARED '{gid}'")
+        for c in commits:
+            c.thread.join(60)
+        if committer is not None:
+            committer.thread.join(60)
+        for c in [preparer, many] + ts:
+            c.close()
+    committer.join()
+    for c in commits:
+        c.join()
+    assert published_order(pg, topic, low) == ["M"] + [f"T{i}" for i in range(len(commits))]
+
+
+def test_a_bulk_commit_waiting_for_a_prepared_key_holds_up_no_prepare_of_other_keys(pg, topic):
+    # (b) P0 prepared with k1; a bulk commit of k1 .. k33 waits for it; P1, of a key that shares
+    # neither a lock nor a stripe with the bulk commit's, prepares meanwhile. A two-phase
+    # coordinator commits P0 only once P1 is prepared: merge b1eecc6's P1 waited at the prepare
+    # gate for the bulk commit, which waited for P0, a cycle PostgreSQL could not see (here: P1's
+    # lock_timeout).
+    g0, g1 = "tpc0-" + topic, "tpc1-" + topic
+    m_keys = [f"k{i}" for i in range(1, key_lock_limit(pg) + 2)]
+    stripes = {key_hash(pg, topic, k) & 0xFFFF for k in m_keys}
+    other = next(o for o in (f"other{j}" for j in range(100)) if key_hash(pg, topic, o) & 0xFFFF not in stripes)
+    p0, many, p1 = session(pg, APP), session(pg, APP), session(pg, APP, lock_timeout="5s")
+    with p0, many, p1:
+        p0.execute("BEGIN")
+        enqueue(p0, topic, "k1", "P0")
+        p0.execute(f"PREPARE TRANSACTION '{g0}'")
+        many.execute("BEGIN")
+        enqueue_many(many, topic, "M", len(m_keys))
+        committer = InThread(many, "COMMIT")
+        try:
+            wait_until(lambda: waiting_for(pg, many, KEY_LOCK_CLASS), what="the bulk commit waiting for k1")
+            p1.execute("BEGIN")
+            enqueue(p1, topic, other, "P1")
+            p1.execute(f"PREPARE TRANSACTION '{g1}'")
+        finally:
+            pg.sql(f"COMMIT PREPARED '{g0}'")  # the coordinator: P1 is prepared
+            committer.thread.join(60)
+        committer.join()
+        pg.sql(f"COMMIT PREPARED '{g1}'")
+    assert published_order(pg, topic, "k1") == ["P0", "M"]
+    assert published_order(pg, topic, other) == ["P1"]
+
+
+@pytest.mark.parametrize("ending", ["lock_timeout", "terminated"])
+def test_a_bulk_commit_that_fails_while_it_waits_leaves_no_mark_behind(pg, topic, ending):
+    # M1 (k1 .. k33) fails while it waits for P0's k1. A mark it left would make a later PREPARE
+    # of one of its keys wait at the gate for any committer of many keys holding it then: here M2
+    # (j1 .. j33), waiting for P0's j1, whose stripes P1's key does not share.
+    g0, g1 = "mk0-" + topic, "mk1-" + topic
+    limit = key_lock_limit(pg)
+    m2_stripes = {key_hash(pg, topic, f"j{i}") & 0xFFFF for i in range(1, limit + 2)}
+    victim = next(k for k in (f"k{i}" for i in range(2, limit + 2)) if key_hash(pg, topic, k) & 0xFFFF not in m2_stripes)
+    p0, p1 = session(pg, APP), session(pg, APP, lock_timeout="5s")
+    m1, m2 = session(pg, APP, lock_timeout="1s" if ending == "lock_timeout" else "30s"), session(pg, APP)
+    with p0, p1, m1, m2:
+        p0.execute("BEGIN")
+        enqueue(p0, topic, "k1", "P0")
+        enqueue(p0, topic, "j1", "P0")
+        p0.execute(f"PREPARE TRANSACTION '{g0}'")
+        committer = None
+        try:
+            m1.execute("BEGIN")
+            enqueue_many(m1, topic, "M1", limit + 1)
+            if ending == "lock_timeout":
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    m1.execute("COMMIT")
+            else:
+                failing = InThread(m1, "COMMIT")
+                wait_until(lambda: waiting_for(pg, m1, KEY_LOCK_CLASS), what="M1 waiting for k1")
+                pg.sql("SELECT pg_terminate_backend(%s)", (m1.info.backend_pid,))
+                failing.thread.join(60)
+                assert isinstance(failing.error, psycopg.OperationalError), failing.error
+                wait_until(lambda: not pg.value("SELECT count(*) FROM pg_stat_activity WHERE pid = %s",
+                                                (m1.info.backend_pid,)), what="M1's backend gone")
+            m2.execute("BEGIN")
+            m2.execute("SELECT count(outbox.enqueue(%s, 'j' || i, 'M2'::text)) FROM generate_series(1, %s) i",
+                       (topic, limit + 1))
+            committer = InThread(m2, "COMMIT")
+            wait_until(lambda: waiting_for(pg, m2, KEY_LOCK_CLASS), what="M2 waiting for j1")
+            p1.execute("BEGIN")
+            enqueue(p1, topic, victim, "P1")
+            p1.execute(f"PREPARE TRANSACTION '{g1}'")
+        finally:
+            pg.sql(f"COMMIT PREPARED '{g0}'")
+            if committer is not None:
+                committer.thread.join(60)
+        committer.join()
+        pg.sql(f"COMMIT PREPARED '{g1}'")
+    assert published_order(pg, topic, "k1") == ["P0"]
+    assert published_order(pg, topic, victim) == ["P1"]
+    assert published_order(pg, topic, "j1") == ["P0", "M2"]
+
+
+def test_a_prepare_waiting_for_a_prepared_key_holds_up_no_bulk_commit_of_other_keys(pg, topic):
+    # P1's PREPARE waits for P0's key. Merge b1eecc6's P1 held the prepare gate meanwhile, and a
+    # bulk commit of other keys waited for it at the gate (here: its lock_timeout).
+    g0, g1 = "pw0-" + topic, "pw1-" + topic
+    p0, p1, many = session(pg, APP), session(pg, APP), session(pg, APP, lock_timeout="5s")
+    with p0, p1, many:
+        p0.execute("BEGIN")
+        enqueue(p0, topic, "shared", "P0")
+        p0.execute(f"PREPARE TRANSACTION '{g0}'")
+        p1.execute("BEGIN")
+        enqueue(p1, topic, "shared", "P1")
+        preparing = InThread(p1, f"PREPARE TRANSACTION '{g1}'")
+        try:
+            wait_until(lambda: waiting_for(pg, p1, KEY_LOCK_CLASS), what="P1's PREPARE waiting for P0's key")
+            many.execute("BEGIN")
+            enqueue_many(many, topic, "M", key_lock_limit(pg) + 1)
+            many.execute("COMMIT")
+        finally:
+            pg.sql(f"COMMIT PREPARED '{g0}'")
+            preparing.thread.join(60)
+        preparing.join()
+        pg.sql(f"COMMIT PREPARED '{g1}'")
+    assert published_order(pg, topic, "shared") == ["P0", "P1"]
+    assert published_order(pg, topic, "k1") == ["M"]

@@ -20,9 +20,20 @@ namespace {
 constexpr uint16 kKeyLockClass = 0x4F42;
 constexpr uint16 kGlobalLockClass = 0x4F43;
 // objsubid 20292: the prepare gate (LockGlobalExclusive). A committer of many keys holds it while
-// it waits for a key (RowExclusive: such committers do not exclude each other), a PREPARE of an
-// enqueuing transaction while it takes its keys (Share).
+// it waits for its keys (RowExclusive: such committers do not exclude each other), with its keys'
+// stripes marked; a PREPARE that finds one of its keys' stripes marked waits for it (Share) once,
+// before it takes its first key, and does not keep it.
 constexpr uint16 kPrepareGateClass = 0x4F44;
+
+// A key lock's modes with max_prepared_transactions > 0 (DESIGN.md "Commit order"). A commit holds
+// it ShareUpdateExclusive, a PREPARE Exclusive: both exclude each other and themselves. A committer
+// of many keys tries it RowShare, which only a PREPARE's lock (held or awaited) makes busy: a commit
+// that keeps the key while it waits for another is no reason to wait, it has not stamped. It waits
+// for it ShareUpdateExclusive, behind every committer queued ahead of it, and lets it go at once.
+constexpr LOCKMODE kCommitKeyMode = ShareUpdateExclusiveLock;
+constexpr LOCKMODE kPrepareKeyMode = ExclusiveLock;
+constexpr LOCKMODE kBulkTryMode = RowShareLock;
+constexpr LOCKMODE kBulkWaitMode = ShareUpdateExclusiveLock;
 
 // LSN_FORMAT_ARGS is C only (its type check does not compile as C++).
 #define LSN_HIGH_LOW(lsn) uint32((lsn) >> 32), uint32(lsn)
@@ -43,6 +54,9 @@ bool callbacks_registered = false;
 // From the moment this transaction locks its keys until it ends: a row noted then (an enqueue
 // from a trigger fired by the re-stamp) would be of a key it never locked.
 bool stamping = false;
+// The rows whose keys' stripes this committer of many keys marked (BulkMark), until it unmarks them.
+const NotedRow *marked_rows = nullptr;
+Size marked_count = 0;
 
 // CommitOrderTracked's answer for the transaction checked_lxid.
 LocalTransactionId checked_lxid = InvalidLocalTransactionId;
@@ -88,47 +102,84 @@ Unlock(uint32 field2, uint32 field3, uint16 lock_class, LOCKMODE mode) {
 }
 
 void
-LockKey(uint64 key_hash) {
-	Lock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
+LockKey(uint64 key_hash, LOCKMODE mode = ExclusiveLock) {
+	Lock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, mode);
 }
 
 bool
-TryLockKey(uint64 key_hash) {
+TryLockKey(uint64 key_hash, LOCKMODE mode) {
 	LOCKTAG tag;
 	SetTag(&tag, uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass);
-	// dontWait still respects the wait queue: a key with waiters is busy, so no FIFO is lost.
-	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+	// dontWait still respects the wait queue: a key with waiters of a conflicting mode is busy, so
+	// no FIFO is lost.
+	return LockAcquire(&tag, mode, false, true) != LOCKACQUIRE_NOT_AVAIL;
 }
 
 void
-UnlockKey(uint64 key_hash) {
-	Unlock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, ExclusiveLock);
+UnlockKey(uint64 key_hash, LOCKMODE mode) {
+	Unlock(uint32(key_hash >> 32), uint32(key_hash), kKeyLockClass, mode);
 }
 
-// Waits for a key alone, holding neither the global lock nor a key above it (DESIGN.md "Commit
-// order", deadlock). A lock wait: cancel, lock_timeout and the deadlock check serve it.
+// Waits for a key alone, holding no global lock and no key above it (DESIGN.md "Commit order",
+// deadlock). A lock wait: cancel, lock_timeout and the deadlock check serve it.
 void
-WaitForKey(uint64 key_hash) {
-	LockKey(key_hash);
+WaitForKey(uint64 key_hash, LOCKMODE mode) {
+	LockKey(key_hash, mode);
+}
+
+// A committer of many keys marks each of its keys' stripes while it waits for them; the marks go
+// when it has its keys, or with its abort (Forget).
+void
+MarkStripes(const NotedRow *rows, Size count) {
+	for (Size i = 0; i < count; i++) {
+		if (i == 0 || rows[i].key_hash != rows[i - 1].key_hash) {
+			(void)pg_atomic_fetch_add_u32(BulkMark(rows[i].key_hash), 1);
+		}
+	}
+	marked_rows = rows;
+	marked_count = count;
+}
+
+void
+UnmarkStripes() {
+	for (Size i = 0; i < marked_count; i++) {
+		if (i == 0 || marked_rows[i].key_hash != marked_rows[i - 1].key_hash) {
+			(void)pg_atomic_fetch_sub_u32(BulkMark(marked_rows[i].key_hash), 1);
+		}
+	}
+	marked_rows = nullptr;
+	marked_count = 0;
+}
+
+bool
+AnyStripeMarked(const NotedRow *rows, Size count) {
+	for (Size i = 0; i < count; i++) {
+		if (pg_atomic_read_u32(BulkMark(rows[i].key_hash)) != 0) {
+			return true;
+		}
+	}
+	return false;
 }
 
 // A prepared transaction gives its Share lock back at the end of its pre-prepare (below): held
 // until COMMIT PREPARED, it would hold up every committer of many keys, and with it every
 // committer queued behind that one's Exclusive request. So under the Exclusive lock a key lock
-// may still be held, by a prepared transaction (or by a committer waiting for a prepared key, or
-// one whose commit is visible and that is releasing its locks). The committer of many keys looks
-// at each of its keys without waiting; at a busy one it gives the global lock back, waits for
-// that key alone (holding up nobody but PREPAREs), and starts again. The keys' locks are never
-// kept: it holds at most two of ours besides the prepare gate, which keeps new PREPAREs of
-// enqueuing transactions out until it is done: of prepared transactions it waits only for those
-// prepared (or preparing) when it got the gate, never for one prepared while it waits.
+// may still be held without Share: by a PREPARE (prepared, or waiting for another key), by a commit
+// that waits for another key (it has not stamped: no matter), or by one whose commit is visible.
+// The committer of many keys tries each of its keys RowShare, which only a PREPARE's lock makes
+// busy; at a busy one it gives the global lock back, waits for that key alone behind those queued
+// for it (holding up nobody but PREPAREs of its keys), lets it go and starts again. It holds at
+// most two of ours besides the prepare gate, which it takes at its first busy key (one that finds
+// its keys free at once never asks for it). With the gate held its keys' stripes are marked: a
+// PREPARE that finds one of its stripes marked before its first key waits for the gate, so of
+// PREPAREs it waits only for those that looked before it marked, never for one that came later.
 void
 LockGlobalExclusive(const NotedRow *rows, Size count) {
 	if (max_prepared_xacts == 0) {
 		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
 		return; // no prepared transaction: every holder of a key lock holds the Share lock too
 	}
-	Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
+	bool gated = false;
 	for (;;) {
 		Lock(0, 0, kGlobalLockClass, ExclusiveLock);
 		const NotedRow *busy = nullptr;
@@ -136,19 +187,29 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 			if (i > 0 && rows[i].key_hash == rows[i - 1].key_hash) {
 				continue;
 			}
-			if (TryLockKey(rows[i].key_hash)) {
-				UnlockKey(rows[i].key_hash);
+			if (TryLockKey(rows[i].key_hash, kBulkTryMode)) {
+				UnlockKey(rows[i].key_hash, kBulkTryMode);
 			} else {
 				busy = &rows[i];
 			}
 		}
 		if (busy == nullptr) {
-			Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			if (gated) {
+				UnmarkStripes();
+				Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			}
 			return;
 		}
 		Unlock(0, 0, kGlobalLockClass, ExclusiveLock);
-		WaitForKey(busy->key_hash);
-		UnlockKey(busy->key_hash);
+		if (!gated) {
+			// Only one that must wait takes the gate: one whose keys are free never queues behind a
+			// PREPARE waiting there (which may wait for a committer stuck at a prepared key).
+			Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			MarkStripes(rows, count);
+			gated = true;
+		}
+		WaitForKey(busy->key_hash, kBulkWaitMode);
+		UnlockKey(busy->key_hash, kBulkWaitMode);
 	}
 }
 
@@ -159,8 +220,10 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 // at a busy one it gives back Share and its keys above the busy one (none: it takes them in
 // order, except ones it waited for in an earlier round), waits for that key alone, keeps it and
 // starts again. It waits only for a key above every key it holds, holding no global lock.
-// A PREPARE holds the prepare gate in Share mode from before its first key until the end of its
-// pre-prepare (see LockGlobalExclusive).
+// A commit holds its keys ShareUpdateExclusive, a PREPARE Exclusive (kCommitKeyMode,
+// kPrepareKeyMode). A PREPARE that finds, before its first key, one of its keys' stripes marked by
+// a committer of many keys waits for the prepare gate once, holding nothing of ours, and lets it
+// go (see LockGlobalExclusive).
 void
 LockKeys(const NotedRow *rows, Size count, bool preparing) {
 	if (max_prepared_xacts == 0) {
@@ -172,19 +235,30 @@ LockKeys(const NotedRow *rows, Size count, bool preparing) {
 		}
 		return;
 	}
-	if (preparing) {
-		Lock(0, 0, kPrepareGateClass, ShareLock);
-	}
+	LOCKMODE mode = preparing ? kPrepareKeyMode : kCommitKeyMode;
+	bool looked_at_marks = !preparing;
 	// held[i]: the lock of the key starting at rows[i] is ours (rows are sorted by key hash).
 	bool *held = static_cast<bool *>(palloc0(sizeof(bool) * count));
 	for (;;) {
 		Lock(0, 0, kGlobalLockClass, ShareLock);
+		if (!looked_at_marks) {
+			// Looked at under Share: the marks of a committer of many keys that took the Exclusive
+			// lock before are seen. One that marks later may wait for this PREPARE's keys: it
+			// looked first, and only once.
+			looked_at_marks = true;
+			if (AnyStripeMarked(rows, count)) {
+				Unlock(0, 0, kGlobalLockClass, ShareLock);
+				Lock(0, 0, kPrepareGateClass, ShareLock);
+				Unlock(0, 0, kPrepareGateClass, ShareLock);
+				continue;
+			}
+		}
 		Size busy = count;
 		for (Size i = 0; i < count && busy == count; i++) {
 			if ((i > 0 && rows[i].key_hash == rows[i - 1].key_hash) || held[i]) {
 				continue;
 			}
-			if (TryLockKey(rows[i].key_hash)) {
+			if (TryLockKey(rows[i].key_hash, mode)) {
 				held[i] = true;
 			} else {
 				busy = i;
@@ -197,11 +271,11 @@ LockKeys(const NotedRow *rows, Size count, bool preparing) {
 		Unlock(0, 0, kGlobalLockClass, ShareLock);
 		for (Size i = busy + 1; i < count; i++) {
 			if (held[i]) {
-				UnlockKey(rows[i].key_hash);
+				UnlockKey(rows[i].key_hash, mode);
 				held[i] = false;
 			}
 		}
-		WaitForKey(rows[busy].key_hash);
+		WaitForKey(rows[busy].key_hash, mode);
 		held[busy] = true;
 	}
 }
@@ -460,14 +534,12 @@ StampInCommitOrder(bool preparing) {
 		// The key locks stay until COMMIT PREPARED; the Share lock only kept a committer of many
 		// keys out while this one took its keys and stamped (LockGlobalExclusive waits for the keys).
 		Unlock(0, 0, kGlobalLockClass, ShareLock);
-		if (max_prepared_xacts > 0) {
-			Unlock(0, 0, kPrepareGateClass, ShareLock);
-		}
 	}
 }
 
 void
 Forget() {
+	UnmarkStripes(); // a committer of many keys that failed while it waited for its keys
 	stamping = false;
 	noted = nullptr; // TopTransactionContext's memory, freed with it
 	noted_count = 0;

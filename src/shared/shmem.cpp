@@ -48,6 +48,7 @@ StartupMemory() {
 		SpinLockInit(&shared->launcher.mutex);
 		for (uint32 i = 0; i < kOrderStripes; i++) {
 			pg_atomic_init_u64(&shared->order_stripes[i], 0);
+			pg_atomic_init_u32(&shared->bulk_marks[i], 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -90,6 +91,12 @@ pg_atomic_uint64 *
 OrderStripe(uint64 key_hash) {
 	Assert(shared != nullptr);
 	return &shared->order_stripes[key_hash % kOrderStripes];
+}
+
+pg_atomic_uint32 *
+BulkMark(uint64 key_hash) {
+	Assert(shared != nullptr);
+	return &shared->bulk_marks[key_hash % kOrderStripes];
 }
 
 void

@@ -129,6 +129,9 @@ struct SharedState {
 	WorkerSlot slots[kMaxSlots];
 	LauncherShared launcher;
 	pg_atomic_uint64 order_stripes[kOrderStripes];
+	// Per stripe, how many keys hashing to it committers of many keys hold marked while they wait
+	// for their keys (commit_order.cpp: a PREPARE of such a key waits for them at the prepare gate).
+	pg_atomic_uint32 bulk_marks[kOrderStripes];
 };
 
 extern SharedState *shared;
@@ -141,6 +144,9 @@ WorkerSlot *SlotOf(int slot);
 
 // The commit-order stripe of a (topic, key) hash.
 pg_atomic_uint64 *OrderStripe(uint64 key_hash);
+
+// The count of marks of committers of many keys on that stripe.
+pg_atomic_uint32 *BulkMark(uint64 key_hash);
 
 // The lanes a transaction wrote to, one bit each.
 struct LaneMask {
