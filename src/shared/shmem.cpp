@@ -96,7 +96,10 @@ OrderStripe(uint64 key_hash) {
 pg_atomic_uint32 *
 BulkMark(uint64 key_hash) {
 	Assert(shared != nullptr);
-	return &shared->bulk_marks[key_hash % kOrderStripes];
+	// Per database, like the key locks and the gate it sends a PREPARE to: a bulk commit waiting
+	// in another database must not make this database's PREPAREs wait.
+	uint64 mixed = key_hash ^ (uint64(MyDatabaseId) * UINT64CONST(0x9E3779B97F4A7C15));
+	return &shared->bulk_marks[mixed % kOrderStripes];
 }
 
 void

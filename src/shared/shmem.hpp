@@ -145,7 +145,8 @@ WorkerSlot *SlotOf(int slot);
 // The commit-order stripe of a (topic, key) hash.
 pg_atomic_uint64 *OrderStripe(uint64 key_hash);
 
-// The count of marks of committers of many keys on that stripe.
+// The count of marks of committers of many keys of this database on that stripe (the stripe of
+// (database, key hash): marks are per database like the key locks).
 pg_atomic_uint32 *BulkMark(uint64 key_hash);
 
 // The lanes a transaction wrote to, one bit each.
