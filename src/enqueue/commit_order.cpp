@@ -328,21 +328,26 @@ RaiseStripe(uint64 key_hash, uint64 stamp) {
 	}
 }
 
+// A statement over the noted rows ($1 their ids, $2 their new stamps), prepared once per backend.
+SPIPlanPtr
+KeptRowsPlan(const char *query, const char *what) {
+	Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
+	SPIPlanPtr plan = SPI_prepare(query, 2, types);
+	if (plan == nullptr) {
+		elog(ERROR, "outbox: could not prepare the commit-order %s: %s", what, SPI_result_code_string(SPI_result));
+	}
+	SPI_keepplan(plan);
+	return plan;
+}
+
 SPIPlanPtr
 RestampPlan() {
 	static SPIPlanPtr plan = nullptr;
 	if (plan == nullptr) {
-		Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
-		SPIPlanPtr p = SPI_prepare("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
-		                           "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
-		                           "WHERE e.id OPERATOR(pg_catalog.=) u.id",
-		                           2, types);
-		if (p == nullptr) {
-			elog(ERROR, "outbox: could not prepare the commit-order statement: %s",
-			     SPI_result_code_string(SPI_result));
-		}
-		SPI_keepplan(p);
-		plan = p;
+		plan = KeptRowsPlan("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
+		                    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+		                    "WHERE e.id OPERATOR(pg_catalog.=) u.id",
+		                    "statement");
 	}
 	return plan;
 }
@@ -353,18 +358,12 @@ SPIPlanPtr
 ExistingRowsPlan() {
 	static SPIPlanPtr plan = nullptr;
 	if (plan == nullptr) {
-		Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
-		SPIPlanPtr p = SPI_prepare("SELECT pg_catalog.count(*), "
-		                           "pg_catalog.count(*) FILTER (WHERE e.order_lsn OPERATOR(pg_catalog.<>) u.order_lsn) "
-		                           "FROM outbox.events AS e "
-		                           "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
-		                           "ON e.id OPERATOR(pg_catalog.=) u.id",
-		                           2, types);
-		if (p == nullptr) {
-			elog(ERROR, "outbox: could not prepare the commit-order count: %s", SPI_result_code_string(SPI_result));
-		}
-		SPI_keepplan(p);
-		plan = p;
+		plan = KeptRowsPlan("SELECT pg_catalog.count(*), "
+		                    "pg_catalog.count(*) FILTER (WHERE e.order_lsn OPERATOR(pg_catalog.<>) u.order_lsn) "
+		                    "FROM outbox.events AS e "
+		                    "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+		                    "ON e.id OPERATOR(pg_catalog.=) u.id",
+		                    "count");
 	}
 	return plan;
 }
