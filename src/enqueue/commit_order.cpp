@@ -130,23 +130,24 @@ WaitForKey(uint64 key_hash, LOCKMODE mode) {
 // A committer of many keys marks each of its keys' stripes while it waits for them; the marks go
 // when it has its keys, or with its abort (Forget).
 void
-MarkStripes(const NotedRow *rows, Size count) {
+AddToMarks(const NotedRow *rows, Size count, int32 delta) {
 	for (Size i = 0; i < count; i++) {
 		if (i == 0 || rows[i].key_hash != rows[i - 1].key_hash) {
-			(void)pg_atomic_fetch_add_u32(BulkMark(rows[i].key_hash), 1);
+			(void)pg_atomic_fetch_add_u32(BulkMark(rows[i].key_hash), delta);
 		}
 	}
+}
+
+void
+MarkStripes(const NotedRow *rows, Size count) {
+	AddToMarks(rows, count, 1);
 	marked_rows = rows;
 	marked_count = count;
 }
 
 void
 UnmarkStripes() {
-	for (Size i = 0; i < marked_count; i++) {
-		if (i == 0 || marked_rows[i].key_hash != marked_rows[i - 1].key_hash) {
-			(void)pg_atomic_fetch_sub_u32(BulkMark(marked_rows[i].key_hash), 1);
-		}
-	}
+	AddToMarks(marked_rows, marked_count, -1);
 	marked_rows = nullptr;
 	marked_count = 0;
 }
