@@ -215,9 +215,10 @@ def test_two_databases_restarted_at_once_both_get_their_slots_back(mock_cluster)
 def test_a_loop_of_statements_a_role_with_only_connect_may_run_does_not_stall_a_backlog(mock_cluster):
     # Issue 15 item 1's measure: while a role with only CONNECT runs, as fast as it can, every
     # statement of the kind the launcher listens to that it can make succeed (and ones that fail
-    # in a savepoint of a transaction that commits), db_b's backlog is published to the end by
-    # the same two workers it started with.
-    with cluster(mock_cluster, **{"outbox.launcher_naptime": "'1h'"}) as pg:
+    # in a savepoint of a transaction that commits, and COMMIT PREPARED, which wakes db_a's
+    # workers), db_b's backlog is published to the end by the same two workers it started with,
+    # and db_a's worker is woken, never restarted.
+    with cluster(mock_cluster, max_prepared_transactions="2", **{"outbox.launcher_naptime": "'1h'"}) as pg:
         for db in ("db_a", "db_b"):
             add_database(pg, mock_cluster, db)
         pg.sql("ALTER DATABASE db_b SET outbox.workers = 2", dbname="postgres")
@@ -226,6 +227,7 @@ def test_a_loop_of_statements_a_role_with_only_connect_may_run_does_not_stall_a_
         wait_running(pg, "db_a", 1)
         wait_running(pg, "db_b", 2)
         before = runs(pg, "db_b")
+        before_a = runs(pg, "db_a")
         pg.sql("SELECT outbox.enqueue('db_b', 'k' || (i % 50), 'x'::text) FROM generate_series(1, 20000) i",
                dbname="db_b")
         statements = 0
@@ -238,10 +240,13 @@ def test_a_loop_of_statements_a_role_with_only_connect_may_run_does_not_stall_a_
                     with c.transaction():
                         failing(c, f"ALTER DATABASE no_such_{i} SET outbox.workers = 1")
                         failing(c, "ALTER DATABASE db_b SET outbox.workers = 1")
-                    statements += 4
+                    c.execute("BEGIN")
+                    c.execute(f"PREPARE TRANSACTION 'mallory_{statements}'")
+                    c.execute(f"COMMIT PREPARED 'mallory_{statements}'")
+                    statements += 5
                 return pending(pg, "db_b") == 0
             wait_until(published, 120, "db_b's backlog published while the statements run")
-        assert statements > 0 and runs(pg, "db_b") == before
+        assert statements > 0 and runs(pg, "db_b") == before and runs(pg, "db_a") == before_a
 
 
 
