@@ -27,6 +27,20 @@ try:
             pg.sql(f"DROP INDEX bench.{name}")
     pg.sql("CREATE TABLE bench.shape_nocheck (LIKE outbox.events INCLUDING DEFAULTS INCLUDING INDEXES INCLUDING IDENTITY)")
     pg.sql("CREATE SEQUENCE bench.useq")
+    # The insert-only queue's generation table (DESIGN.md "The insert-only queue"): the lean columns,
+    # the writer's top-level xid, and only the claim's (order_lsn, id) index and the event_id dedup;
+    # gen_noeid without the dedup index, gen_caller_ids with a separate unique table of caller ids
+    # instead (generated ids need no dedup, so only an event with a caller's id writes to it).
+    lean = ("id bigint GENERATED ALWAYS AS IDENTITY, event_id uuid NOT NULL, topic text NOT NULL, key text, "
+            "lane smallint NOT NULL, order_lsn pg_lsn NOT NULL DEFAULT pg_current_wal_insert_lsn(), "
+            "writer xid8 NOT NULL DEFAULT pg_current_xact_id(), payload bytea, headers jsonb, "
+            "created_at timestamptz NOT NULL DEFAULT now(), target_partition int, ce_content_type text, "
+            "ce_type text, ce_source text")
+    for t in ("gen", "gen_noeid"):
+        pg.sql(f"CREATE TABLE bench.{t} ({lean})")
+        pg.sql(f"CREATE INDEX ON bench.{t} (order_lsn, id)")
+    pg.sql("CREATE UNIQUE INDEX ON bench.gen (event_id)")
+    pg.sql("CREATE TABLE bench.caller_ids (event_id uuid PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now())")
     business = "INSERT INTO bench.invoices (subscription_id, amount_cents, status) VALUES (:sub, :amount, 'paid');"
     payload = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\", \"subscription_id\": \"sub-' || :sub || '\", \"amount_cents\": ' || :amount || ', \"currency\": \"EUR\", \"period\": \"2026-11\"}'")
     def shape_insert(table, eid="gen_random_uuid()"):
@@ -41,6 +55,9 @@ try:
         "shape_noeid": shape_insert("shape_noeid"),
         "shape_nopend": shape_insert("shape_nopend"),
         "shape_nocheck": shape_insert("shape_nocheck"),
+        "gen": shape_insert("gen"),
+        "gen_noeid": shape_insert("gen_noeid"),
+        "gen_caller_ids": "INSERT INTO bench.caller_ids (event_id) VALUES (gen_random_uuid()); " + shape_insert("gen_noeid"),
         "business_only": "",
     }
     only = os.environ.get("ONLY")
@@ -58,7 +75,7 @@ try:
         for c in CLIENTS:
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                pg.sql("TRUNCATE bench.invoices, bench.plain_events, bench.shape, bench.shape_noeid, bench.shape_nopend, bench.shape_nocheck, outbox.events")
+                pg.sql("TRUNCATE bench.invoices, bench.plain_events, bench.shape, bench.shape_noeid, bench.shape_nopend, bench.shape_nocheck, bench.gen, bench.gen_noeid, bench.caller_ids, outbox.events")
                 pg.sql("CHECKPOINT")
                 cmd = [pg.program("pgbench"), "-n", "-M", "prepared", "-c", str(c), "-j", str(min(c, 2)), "-T", str(SECONDS),
                        "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-f", files[n], "postgres"]
