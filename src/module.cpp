@@ -3,6 +3,7 @@
 // librdkafka, no threads.
 #include "shared/boundary.hpp"
 #include "enqueue/commit_order.hpp"
+#include "shared/open_writers.hpp"
 #include "launcher/drop_database.hpp"
 #include "shared/guc.hpp"
 #include "launcher/launcher.hpp"
@@ -34,6 +35,8 @@ Init() {
 	// callback runs after theirs (PostgreSQL calls the newest first).
 	outbox::RegisterCommitOrderCallbacks();
 	outbox::RequestSharedMemory();
+	outbox::RequestOpenWritersMemory();
+	outbox::RegisterOpenWritersCallbacks();
 	outbox::RegisterLauncher();
 	outbox::InstallDropDatabaseHook();
 }

@@ -1,0 +1,48 @@
+// The BEFORE INSERT trigger of a generation table (DESIGN.md "The insert-only queue"): every row,
+// whoever writes it (enqueue, an INSERT by hand, COPY), registers its transaction in the registry
+// of open writers and only then gets its order_lsn (the WAL insert position) and its writer (the
+// top-level transaction id). Its SQL object comes with the schema that has the generation tables.
+#include "shared/open_writers.hpp"
+#include "shared/boundary.hpp"
+
+extern "C" {
+#include "commands/trigger.h"
+#include "utils/xid8.h" // FullTransactionIdGetDatum
+}
+
+namespace {
+
+AttrNumber
+StampedColumn(TupleDesc desc, const char *name, Oid type, Relation rel) {
+	int attnum = SPI_fnumber(desc, name);
+	if (attnum <= 0 || TupleDescAttr(desc, attnum - 1)->atttypid != type) {
+		ereport(ERROR, (errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+		                errmsg("outbox: table \"%s\" has no column %s of type %s", RelationGetRelationName(rel), name,
+		                       format_type_be(type)),
+		                errhint("The trigger outbox_generation_stamp is for the extension's generation tables only.")));
+	}
+	return static_cast<AttrNumber>(attnum);
+}
+
+} // namespace
+
+OUTBOX_SQL_FUNCTION(outbox_generation_stamp) {
+	if (!CALLED_AS_TRIGGER(fcinfo)) {
+		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+		                errmsg("outbox_generation_stamp() must be called as a trigger")));
+	}
+	auto *trigger = reinterpret_cast<TriggerData *>(fcinfo->context);
+	if (!TRIGGER_FIRED_BEFORE(trigger->tg_event) || !TRIGGER_FIRED_FOR_ROW(trigger->tg_event) ||
+	    !TRIGGER_FIRED_BY_INSERT(trigger->tg_event)) {
+		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+		                errmsg("outbox_generation_stamp() must be a BEFORE INSERT ... FOR EACH ROW trigger")));
+	}
+	Relation rel = trigger->tg_relation;
+	TupleDesc desc = RelationGetDescr(rel);
+	int columns[2] = {StampedColumn(desc, "order_lsn", PG_LSNOID, rel), StampedColumn(desc, "writer", XID8OID, rel)};
+	// The registration first: the stamp is read after it (open_writers.cpp).
+	XLogRecPtr stamp = outbox::StampOpenWriterRow();
+	Datum values[2] = {LSNGetDatum(stamp), FullTransactionIdGetDatum(GetTopFullTransactionId())};
+	bool nulls[2] = {false, false};
+	return PointerGetDatum(heap_modify_tuple_by_cols(trigger->tg_trigtuple, desc, 2, columns, values, nulls));
+}

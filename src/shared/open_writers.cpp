@@ -1,0 +1,334 @@
+// The registry of open writers and the claim's horizon (DESIGN.md "The insert-only queue").
+//
+// One entry per backend (its open top-level transaction that inserted a generation row, if any)
+// and one per prepared transaction of this server run, all under one LWLock: a writer takes it
+// once per transaction (its first row), a claim once to read every entry, so that a claim sees an
+// entry either whole or not at all.
+//
+// Why a claim that read the WAL insert position W, then the registry, then took the snapshot S
+// may take every row visible in S with a stamp below its horizon (the least of W and of the
+// lowest stamps of the entries in progress in S), and no committed row below the horizon can turn
+// up later: let T commit a row r with stamp s below the horizon after S, so T is in progress in S.
+// If the claim saw T's entry, the horizon is at most T's lowest stamp, which is at most s. If not,
+// T wrote its entry after the claim read the registry, so after the claim read W, and read every
+// one of its stamps after writing the entry: s >= W (WAL positions only grow). T prepared: its
+// entry moved to the prepared array in the same locked step that cleared its backend's, or (no
+// room, or prepared before this server run) it has none and pg_prepared_xacts names it: the
+// horizon is 0 while it is in progress.
+#include "shared/open_writers.hpp"
+
+#include "shared/boundary.hpp"
+
+extern "C" {
+#include "storage/procarray.h" // TransactionIdIsInProgress
+}
+
+namespace outbox {
+
+namespace {
+
+struct WriterEntry {
+	FullTransactionId fxid; // invalid: no entry
+	Oid database;
+	XLogRecPtr lowest;
+	int owner_pid; // backend entries: the backend the entry belongs to (0: free)
+};
+
+struct OpenWritersShared {
+	LWLock *lock;
+	int n_backend_entries;
+	int n_prepared_entries;
+	WriterEntry entries[FLEXIBLE_ARRAY_MEMBER]; // the backends', then the prepared transactions'
+};
+
+// The lowest stamp of a prepared transaction that wrote no generation row.
+constexpr XLogRecPtr kNoStamp = PG_UINT64_MAX;
+
+constexpr const char *kTrancheName = "outbox_open_writers";
+
+OpenWritersShared *registry = nullptr;
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+shmem_request_hook_type previous_request_hook = nullptr;
+#endif
+shmem_startup_hook_type previous_startup_hook = nullptr;
+
+// This backend's entry (-1: none taken yet; it keeps it until it exits) and whether it holds an
+// open transaction's entry now.
+int my_entry = -1;
+bool my_entry_set = false;
+FullTransactionId my_fxid;
+
+int
+BackendEntries() {
+#if PG_VERSION_NUM >= 150000
+	return MaxBackends;
+#else
+	// 14 computes MaxBackends after _PG_init; the same sum, from the settings already read.
+	return MaxConnections + autovacuum_max_workers + 1 + max_worker_processes + max_wal_senders;
+#endif
+}
+
+Size
+RegistrySize() {
+	Size n = add_size(BackendEntries(), max_prepared_xacts);
+	return add_size(offsetof(OpenWritersShared, entries), mul_size(n, sizeof(WriterEntry)));
+}
+
+void
+RequestMemory() {
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+	if (previous_request_hook) {
+		previous_request_hook();
+	}
+#endif
+	RequestAddinShmemSpace(RegistrySize());
+	RequestNamedLWLockTranche(kTrancheName, 1);
+}
+
+void
+StartupMemory() {
+	if (previous_startup_hook) {
+		previous_startup_hook();
+	}
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	bool found;
+	registry = static_cast<OpenWritersShared *>(ShmemInitStruct("outbox open writers", RegistrySize(), &found));
+	if (!found) {
+		memset(registry, 0, RegistrySize());
+		registry->lock = &GetNamedLWLockTranche(kTrancheName)->lock;
+		registry->n_backend_entries = BackendEntries();
+		registry->n_prepared_entries = max_prepared_xacts;
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+WriterEntry *
+PreparedEntries() {
+	return registry->entries + registry->n_backend_entries;
+}
+
+// At backend exit (also FATAL): an open transaction of this backend is aborted, never committed,
+// so its entry can go before the abort runs.
+void
+ReleaseMyEntry(int, Datum) {
+	if (my_entry < 0 || registry == nullptr) {
+		return;
+	}
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	registry->entries[my_entry] = WriterEntry{};
+	LWLockRelease(registry->lock);
+	my_entry = -1;
+	my_entry_set = false;
+}
+
+// Under the lock, exclusive. False: every entry is taken (cannot happen: one per backend).
+bool
+TakeBackendEntry() {
+	for (int i = 0; i < registry->n_backend_entries; i++) {
+		if (registry->entries[i].owner_pid == 0) {
+			registry->entries[i].owner_pid = MyProcPid;
+			my_entry = i;
+			return true;
+		}
+	}
+	return false;
+}
+
+void
+ClearMyTransaction() {
+	if (!my_entry_set) {
+		return;
+	}
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	registry->entries[my_entry].fxid = InvalidFullTransactionId;
+	LWLockRelease(registry->lock);
+	my_entry_set = false;
+}
+
+// The top-level transaction being prepared (read at PRE_PREPARE, where it is still the current one).
+FullTransactionId preparing_fxid;
+
+// After PREPARE (its record is written, the transaction is in progress as a prepared one): the
+// entry moves to the prepared array in the step that clears the backend's. A prepared transaction
+// that wrote no generation row gets an entry too, with no stamp, so that a claim can tell it from
+// one prepared before this server run. Must not fail. With no room (cannot happen: see below) the
+// entry is dropped, and the claim treats the transaction as one prepared before this server run
+// (horizon 0 until it ends), which is safe.
+void
+MoveMyTransactionToPrepared() {
+	if (!FullTransactionIdIsValid(preparing_fxid)) {
+		return; // no transaction id: it wrote nothing
+	}
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	WriterEntry *prepared = PreparedEntries();
+	WriterEntry *free_entry = nullptr;
+	// Room: the live entries are of other prepared transactions, fewer than max_prepared_xacts.
+	for (int i = 0; i < registry->n_prepared_entries && free_entry == nullptr; i++) {
+		WriterEntry *e = &prepared[i];
+		// An entry of a prepared transaction that ended since (COMMIT/ROLLBACK PREPARED run by
+		// any backend, no callback tells us): free again.
+		if (FullTransactionIdIsValid(e->fxid) && !TransactionIdIsInProgress(XidFromFullTransactionId(e->fxid))) {
+			e->fxid = InvalidFullTransactionId;
+		}
+		if (!FullTransactionIdIsValid(e->fxid)) {
+			free_entry = e;
+		}
+	}
+	if (free_entry != nullptr) {
+		*free_entry = WriterEntry{preparing_fxid, MyDatabaseId, kNoStamp, 0};
+		if (my_entry_set) {
+			free_entry->lowest = registry->entries[my_entry].lowest;
+		}
+	}
+	if (my_entry_set) {
+		registry->entries[my_entry].fxid = InvalidFullTransactionId;
+	}
+	LWLockRelease(registry->lock);
+	my_entry_set = false;
+	preparing_fxid = InvalidFullTransactionId;
+}
+
+void
+OnTransactionEvent(XactEvent event, void *) {
+	switch (event) {
+	case XACT_EVENT_COMMIT: // after ProcArrayEndTransaction: the rows are visible
+	case XACT_EVENT_PARALLEL_COMMIT:
+	case XACT_EVENT_ABORT:
+	case XACT_EVENT_PARALLEL_ABORT:
+		ClearMyTransaction();
+		preparing_fxid = InvalidFullTransactionId; // a PREPARE that failed after PRE_PREPARE
+		break;
+	case XACT_EVENT_PRE_PREPARE:
+		preparing_fxid = GetTopFullTransactionIdIfAny();
+		break;
+	case XACT_EVENT_PREPARE:
+		MoveMyTransactionToPrepared();
+		break;
+	default:
+		break;
+	}
+}
+
+} // namespace
+
+extern "C" {
+static void
+outbox_open_writers_shmem_request(void) {
+	CallFromPostgres("outbox_open_writers_shmem_request", RequestMemory);
+}
+static void
+outbox_open_writers_shmem_startup(void) {
+	CallFromPostgres("outbox_open_writers_shmem_startup", StartupMemory);
+}
+static void
+outbox_open_writers_xact_callback(XactEvent event, void *arg) {
+	CallFromPostgres("outbox_open_writers_xact_callback", OnTransactionEvent, event, arg);
+}
+static void
+outbox_open_writers_release(int code, Datum arg) {
+	CallFromPostgres("outbox_open_writers_release", ReleaseMyEntry, code, arg);
+}
+}
+
+void
+RequestOpenWritersMemory() {
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+	previous_request_hook = shmem_request_hook;
+	shmem_request_hook = outbox_open_writers_shmem_request;
+#else
+	outbox_open_writers_shmem_request();
+#endif
+	previous_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = outbox_open_writers_shmem_startup;
+}
+
+void
+RegisterOpenWritersCallbacks() {
+	RegisterXactCallback(outbox_open_writers_xact_callback, nullptr);
+}
+
+XLogRecPtr
+StampOpenWriterRow() {
+	FullTransactionId top = GetTopFullTransactionId();
+	if (my_entry_set && FullTransactionIdEquals(my_fxid, top)) {
+		return GetXLogInsertRecPtr();
+	}
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	if (my_entry < 0) {
+		if (!TakeBackendEntry()) {
+			LWLockRelease(registry->lock);
+			ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox: no free entry in the registry of open writers")));
+		}
+		before_shmem_exit(outbox_open_writers_release, 0);
+	}
+	WriterEntry *e = &registry->entries[my_entry];
+	e->fxid = top;
+	e->database = MyDatabaseId;
+	// Read with the entry in place (under the lock a claim reads it with).
+	XLogRecPtr stamp = GetXLogInsertRecPtr();
+	e->lowest = stamp;
+	LWLockRelease(registry->lock);
+	my_fxid = top;
+	my_entry_set = true;
+	return stamp;
+}
+
+OpenWriter *
+ReadOpenWriters(Oid db, int *count) {
+	int total = registry->n_backend_entries + registry->n_prepared_entries;
+	auto *out = static_cast<OpenWriter *>(palloc(sizeof(OpenWriter) * Max(total, 1)));
+	int n = 0;
+	LWLockAcquire(registry->lock, LW_SHARED);
+	for (int i = 0; i < total; i++) {
+		const WriterEntry &e = registry->entries[i];
+		if (FullTransactionIdIsValid(e.fxid) && e.database == db) {
+			out[n++] = OpenWriter{e.fxid, e.lowest, i >= registry->n_backend_entries};
+		}
+	}
+	LWLockRelease(registry->lock);
+	*count = n;
+	return out;
+}
+
+ClaimView
+TakeClaimView(Oid db) {
+	// The order of these reads is the argument at the top of the file.
+	XLogRecPtr wal_insert = GetXLogInsertRecPtr();
+	int n_writers;
+	OpenWriter *writers = ReadOpenWriters(db, &n_writers);
+	Oid types[1] = {OIDOID};
+	Datum values[1] = {ObjectIdGetDatum(db)};
+	if (SPI_execute_with_args("SELECT p.transaction FROM pg_catalog.pg_prepared_xact() AS p "
+	                          "WHERE p.dbid OPERATOR(pg_catalog.=) $1",
+	                          1, types, values, nullptr, true, 0) != SPI_OK_SELECT) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox: reading pg_prepared_xact() failed")));
+	}
+	uint64 n_prepared = SPI_processed;
+	auto *prepared = static_cast<TransactionId *>(palloc(sizeof(TransactionId) * Max(n_prepared, uint64(1))));
+	for (uint64 i = 0; i < n_prepared; i++) {
+		bool isnull;
+		prepared[i] = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+
+	XLogRecPtr horizon = wal_insert;
+	for (int i = 0; i < n_writers; i++) {
+		if (XidInMVCCSnapshot(XidFromFullTransactionId(writers[i].fxid), snapshot)) {
+			horizon = Min(horizon, writers[i].lowest);
+		}
+	}
+	for (uint64 i = 0; i < n_prepared; i++) {
+		bool has_entry = false;
+		for (int j = 0; j < n_writers && !has_entry; j++) {
+			has_entry = TransactionIdEquals(XidFromFullTransactionId(writers[j].fxid), prepared[i]);
+		}
+		if (!has_entry && XidInMVCCSnapshot(prepared[i], snapshot)) {
+			horizon = InvalidXLogRecPtr;
+		}
+	}
+	pfree(writers);
+	pfree(prepared);
+	return ClaimView{horizon, snapshot};
+}
+
+} // namespace outbox

@@ -1,0 +1,44 @@
+// The registry of open writers (DESIGN.md "The insert-only queue", "Registry of open writers"):
+// in shared memory, per top-level transaction that inserted into a generation table, its
+// FullTransactionId, its database and the lowest order_lsn stamp it gave a row. A claim reads it
+// to know how far it may go without passing a row that a transaction still in progress will
+// commit below it.
+#pragma once
+
+#include "shared/pg_include.hpp"
+
+namespace outbox {
+
+struct OpenWriter {
+	FullTransactionId fxid;
+	XLogRecPtr lowest; // every stamp of the transaction is at or above it
+	bool prepared;
+};
+
+// Called from _PG_init: the memory and the lock (PG15+: through shmem_request_hook), the
+// transaction callback that clears an entry at commit, abort and PREPARE.
+void RequestOpenWritersMemory();
+void RegisterOpenWritersCallbacks();
+
+// The stamp for the next row this transaction inserts into a generation table: the WAL insert
+// position, read after the transaction's entry is in the registry (so a claim that did not see
+// the entry read its own WAL position before this one). The first call of a top-level
+// transaction writes the entry; later calls only read the position.
+XLogRecPtr StampOpenWriterRow();
+
+// The entries of database `db` (backends' and prepared transactions'), palloc'd in the current
+// memory context; *count gets their number.
+OpenWriter *ReadOpenWriters(Oid db, int *count);
+
+// What a claim of database `db` may take: rows visible in `snapshot` with an order_lsn below
+// `horizon`. No transaction in progress in `snapshot` can commit a row below `horizon` (the
+// argument is in the .cpp and in DESIGN.md). The caller is connected to SPI (the database's
+// prepared transactions are read from pg_prepared_xacts) and unregisters the snapshot.
+struct ClaimView {
+	XLogRecPtr horizon;
+	Snapshot snapshot; // registered
+};
+
+ClaimView TakeClaimView(Oid db);
+
+} // namespace outbox

@@ -1,0 +1,357 @@
+"""The insert-only queue's first part (DESIGN.md "The insert-only queue", build order step 1): the
+generation table's BEFORE INSERT trigger registers each writing transaction in the registry of
+open writers and stamps the row; a claim takes only rows below its horizon, so a transaction in
+progress that a claim passes by is never skipped once it commits, through subtransactions,
+PREPARE, COMMIT PREPARED, restarts, a promotion and a terminated backend.
+
+The claim here is the test-build seam outbox_test_claim (src/enqueue/claim_view_seam.cpp): a
+relay's walk reduced to "rows after my cursor and below the horizon, in the claim's snapshot".
+Its `use_registry = false` mode claims up to the WAL insert position instead: the tests that
+run it show that they fail when the registry is not consulted."""
+
+import random
+import threading
+
+import psycopg
+import pytest
+
+from harness.pg_cluster import PgCluster
+from harness.wait import wait_until
+
+SETUP = """
+CREATE TABLE gen (id bigserial PRIMARY KEY, order_lsn pg_lsn NOT NULL, writer xid8 NOT NULL, label text);
+CREATE INDEX gen_order ON gen (order_lsn, id);
+CREATE FUNCTION gen_stamp() RETURNS trigger LANGUAGE C AS '$libdir/outbox', 'outbox_generation_stamp';
+CREATE TRIGGER gen_stamp BEFORE INSERT ON gen FOR EACH ROW EXECUTE FUNCTION gen_stamp();
+ALTER TABLE gen ENABLE ALWAYS TRIGGER gen_stamp;
+CREATE FUNCTION test_claim(regclass, pg_lsn, boolean, OUT horizon pg_lsn, OUT ids bigint[])
+    LANGUAGE C AS '$libdir/outbox', 'outbox_test_claim';
+"""
+
+
+def set_up(pg, dbname=None):
+    with pg.connect(dbname) as c:
+        c.execute(SETUP)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with PgCluster(settings={"outbox.workers": "0", "max_prepared_transactions": "4"}) as cluster:
+        set_up(cluster)
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def empty(pg):
+    yield
+    # What a failed test left behind: sessions in a transaction, prepared transactions.
+    pg.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+           "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
+    for (gid,) in pg.sql("SELECT gid FROM pg_prepared_xacts"):
+        pg.sql(f"ROLLBACK PREPARED '{gid}'")
+    pg.sql("TRUNCATE gen")
+
+
+class Relay:
+    """A cursor over gen, as one relay slot keeps it: each claim takes the rows after the cursor
+    (inclusive) and below the horizon, and moves the cursor to the horizon (never back)."""
+
+    def __init__(self, pg, use_registry=True, dbname=None):
+        self.conn = pg.connect(dbname)
+        self.use_registry = use_registry
+        self.cursor = "0/0"
+        self.claimed = []
+
+    def claim(self):
+        horizon, ids = self.conn.execute("SELECT horizon, ids FROM test_claim('gen', %s, %s)",
+                                         (self.cursor, self.use_registry)).fetchone()
+        ids = ids or []
+        self.claimed += ids
+        if lsn(horizon) > lsn(self.cursor):
+            self.cursor = horizon
+        return horizon, ids
+
+    def close(self):
+        self.conn.close()
+
+
+def lsn(text):
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def insert(c, label):
+    return c.execute("INSERT INTO gen (label) VALUES (%s) RETURNING id, order_lsn::text", (label,)).fetchone()
+
+
+def committed_ids(pg):
+    return [i for (i,) in pg.sql("SELECT id FROM gen ORDER BY order_lsn, id")]
+
+
+def committed_later_below(pg, use_registry):
+    """A commits a row stamped before B's, after B committed and after a claim ran between them."""
+    relay = Relay(pg, use_registry)
+    with pg.connect() as a, pg.connect() as b:
+        a.execute("BEGIN")
+        a_id, a_stamp = insert(a, "a")
+        b.execute("BEGIN")
+        b_id, b_stamp = insert(b, "b")
+        b.execute("COMMIT")
+        assert lsn(b_stamp) > lsn(a_stamp)
+        horizon, ids = relay.claim()
+        a.execute("COMMIT")
+    relay.claim()
+    relay.close()
+    return relay, horizon, ids, a_id, a_stamp, b_id
+
+
+def test_a_transaction_in_progress_holds_the_horizon_at_its_first_stamp_and_is_claimed_after_it_commits(pg):
+    relay, horizon, ids, a_id, a_stamp, b_id = committed_later_below(pg, use_registry=True)
+    assert horizon == a_stamp, "the claim must stop at the open writer's lowest stamp"
+    assert ids == [], "B's row is above A's stamp: it waits for A"
+    assert relay.claimed == [a_id, b_id] == committed_ids(pg)
+
+
+def test_without_the_registry_the_same_interleaving_loses_the_row(pg):
+    # The control: a claim up to the WAL insert position passes A's stamp while A is open.
+    relay, horizon, ids, a_id, a_stamp, b_id = committed_later_below(pg, use_registry=False)
+    assert ids == [b_id]
+    assert a_id not in relay.claimed
+
+
+def test_the_stamp_is_the_wal_insert_position_read_after_the_registration_and_the_writer_the_top_level_xid(pg):
+    with pg.connect() as c:
+        c.execute("BEGIN")
+        before = lsn(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+        c.execute("SAVEPOINT s")
+        _, stamp = insert(c, "x")
+        top = c.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        writer = c.execute("SELECT writer::text FROM gen").fetchone()[0]
+        after = lsn(c.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+        c.execute("COMMIT")
+    assert before <= lsn(stamp) <= after
+    assert writer == top
+
+
+def test_a_stamp_set_by_the_writer_is_overwritten(pg):
+    with pg.connect() as c:
+        c.execute("INSERT INTO gen (order_lsn, writer, label) VALUES ('0/1', '1', 'forged')")
+        stamp, writer = c.execute("SELECT order_lsn::text, writer::text FROM gen").fetchone()
+    assert lsn(stamp) > 1 and writer != "1"
+
+
+def test_a_row_of_a_rolled_back_savepoint_keeps_the_transaction_registered_from_its_first_stamp(pg):
+    relay = Relay(pg)
+    with pg.connect() as a, pg.connect() as b:
+        a.execute("BEGIN")
+        a.execute("SAVEPOINT s")
+        _, first = insert(a, "gone")
+        a.execute("ROLLBACK TO SAVEPOINT s")
+        a_id, _ = insert(a, "kept")
+        b_id, _ = insert(b, "b")  # autocommit
+        horizon, ids = relay.claim()
+        assert horizon == first and ids == []
+        a.execute("COMMIT")
+    relay.claim()
+    assert sorted(relay.claimed) == sorted([a_id, b_id]) and relay.claimed == committed_ids(pg)
+
+
+def test_a_prepared_transaction_holds_the_horizon_until_commit_prepared(pg):
+    relay = Relay(pg)
+    with pg.connect() as a, pg.connect() as b:
+        a.execute("BEGIN")
+        a_id, a_stamp = insert(a, "a")
+        a.execute("PREPARE TRANSACTION 'pa'")
+        insert(b, "b")
+        horizon, ids = relay.claim()
+        assert horizon == a_stamp and ids == []
+        # A later PREPARE of another session finds the entry of the first in the prepared array.
+        b.execute("BEGIN")
+        insert(b, "c")
+        b.execute("PREPARE TRANSACTION 'pc'")
+        assert relay.claim() == (a_stamp, [])
+        b.execute("COMMIT PREPARED 'pa'")
+        horizon, ids = relay.claim()
+        assert a_id in ids and lsn(horizon) < lsn(pg.value("SELECT pg_current_wal_insert_lsn()::text"))
+        b.execute("COMMIT PREPARED 'pc'")
+    relay.claim()
+    assert relay.claimed == committed_ids(pg)
+
+
+def test_a_prepared_transaction_that_wrote_no_generation_row_holds_nothing(pg):
+    relay = Relay(pg)
+    with pg.connect() as a, pg.connect() as b:
+        a.execute("BEGIN")
+        a.execute("SELECT pg_current_xact_id()")  # a transaction id, no generation row
+        a.execute("PREPARE TRANSACTION 'none'")
+        b_id, _ = insert(b, "b")
+        horizon, ids = relay.claim()
+        assert ids == [b_id]
+        b.execute("ROLLBACK PREPARED 'none'")
+    relay.close()
+
+
+def test_a_transaction_prepared_before_a_restart_holds_the_horizon_until_it_commits(pg):
+    with pg.connect() as a:
+        a.execute("BEGIN")
+        a_id, _ = insert(a, "a")
+        a.execute("PREPARE TRANSACTION 'across'")
+    pg.restart()
+    relay = Relay(pg)
+    with pg.connect() as b:
+        b_id, _ = insert(b, "b")
+        horizon, ids = relay.claim()
+        # No entry survives the restart: the claim cannot know the prepared one's stamps.
+        assert lsn(horizon) == 0 and ids == []
+        b.execute("COMMIT PREPARED 'across'")
+    relay.claim()
+    relay.close()
+    assert relay.claimed == committed_ids(pg) == [a_id, b_id]
+
+
+def test_a_transaction_prepared_before_a_crash_holds_the_horizon_until_it_commits(pg):
+    with pg.connect() as a:
+        a.execute("BEGIN")
+        a_id, _ = insert(a, "a")
+        a.execute("PREPARE TRANSACTION 'crashed'")
+    open_writer = pg.connect()
+    open_writer.execute("BEGIN")
+    insert(open_writer, "in progress at the crash")  # aborted by the crash
+    pg.stop("immediate")
+    open_writer.close()
+    pg.start()
+    relay = Relay(pg)
+    with pg.connect() as b:
+        b_id, _ = insert(b, "b")
+        assert relay.claim() == ("0/0", [])
+        b.execute("COMMIT PREPARED 'crashed'")
+    relay.claim()
+    relay.close()
+    assert relay.claimed == committed_ids(pg) == [a_id, b_id]
+
+
+def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_primary(standbys):
+    with PgCluster(settings={"outbox.workers": "0", "max_prepared_transactions": "4"}) as primary:
+        set_up(primary)
+        standby = primary.make_standby("ow_standby", settings={"outbox.workers": "0"})
+        standbys.append(standby)
+        standby.start()
+        primary.wait_streaming("ow_standby")
+        with primary.connect() as a:
+            a.execute("BEGIN")
+            a_id, _ = insert(a, "a")
+            a.execute("PREPARE TRANSACTION 'promoted'")
+        written = primary.value("SELECT pg_current_wal_lsn()::text")
+        wait_until(lambda: standby.value("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (written,)),
+                   60, "the standby replayed the PREPARE")
+        primary.stop("immediate")
+        standby.promote()
+        relay = Relay(standby)
+        with standby.connect() as b:
+            b_id, _ = insert(b, "b")
+            assert relay.claim() == ("0/0", [])
+            b.execute("COMMIT PREPARED 'promoted'")
+        relay.claim()
+        relay.close()
+        assert relay.claimed == committed_ids(standby) == [a_id, b_id]
+
+
+def test_a_terminated_writer_frees_its_entry(pg):
+    relay = Relay(pg)
+    a = pg.connect()
+    a.execute("BEGIN")
+    _, a_stamp = insert(a, "a")
+    assert relay.claim()[0] == a_stamp
+    assert pg.value("SELECT pg_terminate_backend(%s, 10000)", (a.info.backend_pid,))
+    with pytest.raises(psycopg.OperationalError):
+        a.execute("COMMIT")
+    a.close()
+    with pg.connect() as b:
+        b_id, _ = insert(b, "b")
+    assert relay.claim()[1] == [b_id]
+    relay.close()
+    assert relay.claimed == committed_ids(pg) == [b_id]
+
+
+def test_an_open_writer_of_another_database_holds_nothing_here(pg):
+    pg.sql("CREATE DATABASE other")
+    try:
+        set_up(pg, "other")
+        relay = Relay(pg)
+        with pg.connect("other") as a, pg.connect() as b:
+            a.execute("BEGIN")
+            insert(a, "there")
+            b_id, _ = insert(b, "here")
+            assert relay.claim()[1] == [b_id]
+            a.execute("ROLLBACK")
+        relay.close()
+    finally:
+        pg.sql("DROP DATABASE other WITH (FORCE)")
+
+
+def test_bad_uses_of_the_trigger_are_refused(pg):
+    with pg.connect() as c:
+        c.execute("CREATE TABLE wrong (id int, order_lsn text, writer xid8)")
+        c.execute("CREATE TRIGGER s BEFORE INSERT ON wrong FOR EACH ROW EXECUTE FUNCTION gen_stamp()")
+        with pytest.raises(psycopg.errors.InvalidObjectDefinition, match="no column order_lsn of type pg_lsn"):
+            c.execute("INSERT INTO wrong VALUES (1, 'x', '1')")
+        c.execute("DROP TRIGGER s ON wrong")
+        c.execute("CREATE TRIGGER s AFTER INSERT ON gen FOR EACH ROW EXECUTE FUNCTION gen_stamp()")
+        with pytest.raises(psycopg.errors.TriggerProtocolViolated, match="BEFORE INSERT"):
+            c.execute("INSERT INTO gen (label) VALUES ('after')")
+        c.execute("DROP TRIGGER s ON gen")
+        c.execute("CREATE TRIGGER s BEFORE UPDATE ON gen FOR EACH ROW EXECUTE FUNCTION gen_stamp()")
+        c.execute("INSERT INTO gen (label) VALUES ('row')")
+        with pytest.raises(psycopg.errors.TriggerProtocolViolated, match="BEFORE INSERT"):
+            c.execute("UPDATE gen SET label = 'changed'")
+        c.execute("DROP TRIGGER s ON gen")
+        c.execute("DROP TABLE wrong")
+    assert pg.value("SELECT count(*) FROM gen WHERE label <> 'row'") == 0
+
+
+def test_concurrent_writers_savepoints_and_prepares_lose_and_repeat_nothing(pg):
+    """Writers commit, roll back, use savepoints and PREPARE in random interleavings while a
+    claim runs in a loop: every committed row is claimed once, none that rolled back."""
+    stop = threading.Event()
+    errors = []
+
+    def writer(seed):
+        rnd = random.Random(seed)
+        try:
+            with pg.connect() as c:
+                n = 0
+                while not stop.is_set() and n < 120:
+                    n += 1
+                    c.execute("BEGIN")
+                    for _ in range(rnd.randint(1, 4)):
+                        if rnd.random() < 0.3:
+                            c.execute("SAVEPOINT s")
+                            insert(c, f"{seed}-{n}")
+                            c.execute("ROLLBACK TO SAVEPOINT s" if rnd.random() < 0.5 else "RELEASE SAVEPOINT s")
+                        else:
+                            insert(c, f"{seed}-{n}")
+                    end = rnd.random()
+                    if end < 0.1:
+                        gid = f"w{seed}-{n}"
+                        c.execute(f"PREPARE TRANSACTION '{gid}'")
+                        c.execute(f"COMMIT PREPARED '{gid}'")
+                    elif end < 0.25:
+                        c.execute("ROLLBACK")
+                    else:
+                        c.execute("COMMIT")
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(s,)) for s in range(4)]
+    relay = Relay(pg)
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        relay.claim()
+    stop.set()
+    for t in threads:
+        t.join()
+    assert not errors
+    wait_until(lambda: relay.claim() and len(relay.claimed) >= len(committed_ids(pg)), what="the last claims")
+    relay.close()
+    assert relay.claimed == committed_ids(pg), "each committed row once, in (order_lsn, id) order"
