@@ -1,8 +1,8 @@
 """Attacks on commit order with prepared transactions (merge s8-twopc: per-key lock modes, the
-prepare gate and the per-stripe marks of a waiting bulk commit, DESIGN.md "Commit order"), by a
+prepare gates and the per-stripe marks of a waiting bulk commit, DESIGN.md "Commit order"), by a
 role with only EXECUTE on outbox.enqueue (PREPARE TRANSACTION allowed). max_locks_per_transaction
 is low, so a bulk commit (the global Exclusive path) needs only 9 keys. Each test fails if its
-attack works; the xfail ones are attacks that work on this merge (reported, not fixed)."""
+attack works."""
 
 import psycopg
 import pytest
@@ -66,16 +66,15 @@ def gone(pg, gid):
     return not pg.value("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,))
 
 
-# -- the prepare gate is one lock for every waiting bulk commit ------------------------------------
+# -- a prepare gate per waiting bulk commit (it was one lock for all of them) ----------------------
 
-@pytest.mark.xfail(strict=True, reason="the prepare gate is one lock: a PREPARE that finds one bulk commit's "
-                   "mark waits for every bulk commit holding the gate, also one whose stripes it shares none of")
 def test_a_prepare_waits_only_for_the_bulk_commit_whose_stripe_it_shares(pg, topic):
     # Attacker: Pa prepared with a1 and left; Ma (a1 .. a9) waits for it, with lock_timeout 0.
     # Victim: Mb (b1 .. b9) waits for Pb's b1 a moment; P prepares v, which shares a stripe with
     # Mb's keys and none with Ma's. DESIGN.md: a waiting bulk commit holds up "of PREPAREs only
     # those of its keys, or of keys sharing a stripe with one of them". Once Mb is done, P should
-    # go on; it waits for Ma, that is for the attacker's Pa, for ever (here: its lock_timeout).
+    # go on. With one gate for all bulk commits it waited for Ma too, that is for the attacker's
+    # Pa, for ever (here: its lock_timeout); now it waits at Mb's gate alone.
     ga, gb, gp = "ga-" + topic, "gb-" + topic, "gp-" + topic
     a_stripes = {stripe(pg, topic, k) for k in bulk_keys(pg, "a")}
     b_stripes = {stripe(pg, topic, k) for k in bulk_keys(pg, "b")} - a_stripes
@@ -146,12 +145,10 @@ def test_a_bulk_commit_stuck_at_a_prepared_key_holds_up_no_other_bulk_commit(pg,
     assert published_order(pg, topic, "a1") == ["Pa", "Ma"]
 
 
-@pytest.mark.xfail(strict=True, reason="a bulk commit that must wait takes the gate, behind a PREPARE waiting "
-                   "there for another bulk commit stuck at a prepared key: it waits for that one's key too")
 def test_a_bulk_commit_stuck_at_a_prepared_key_holds_up_no_bulk_commit_waiting_for_another(pg, topic):
-    # As above, but the victim Mc (c1 .. c9) must wait a moment for Pc's c1: it asks for the gate,
-    # behind P, which waits for Ma, which waits for the attacker's Pa. Once Pc commits, Mc should
-    # go on.
+    # As above, but the victim Mc (c1 .. c9) must wait a moment for Pc's c1. With one gate it asked
+    # for it behind P, which waits for Ma, which waits for the attacker's Pa; now it takes a gate
+    # of its own, which nobody else asks for. Once Pc commits, Mc should go on.
     ga, gc, gp = "wa-" + topic, "wc-" + topic, "wp-" + topic
     v = key_on_stripes(pg, topic, {stripe(pg, topic, "a2")})
     pa, pc, ma, p, mc = (session(pg, APP), session(pg, APP), session(pg, APP, "0"), session(pg, APP),
