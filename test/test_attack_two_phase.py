@@ -109,6 +109,46 @@ def test_a_prepare_waits_only_for_the_bulk_commit_whose_stripe_it_shares(pg, top
     assert published_order(pg, topic, v) == ["P"]
 
 
+def test_a_prepare_waits_for_every_bulk_commit_that_marked_its_stripe(pg, topic):
+    # M1 (k1 .. k9, s) waits for Pk's k1, M2 (j1 .. j9, s) for Pj's j1; P's PREPARE of s looks after
+    # both marked s. It must wait at both gates: let past M1's alone, it would prepare s and M2
+    # would wait for it, overtaken by a PREPARE that came after it marked (here: M2's lock_timeout).
+    gk, gj, gp = "bk-" + topic, "bj-" + topic, "bp-" + topic
+    pk, pj, m1, m2, p = (session(pg, APP), session(pg, APP), session(pg, APP), session(pg, APP, "10s"),
+                         session(pg, APP))
+    with pk, pj, m1, m2, p:
+        prepare(pk, topic, "k1", "Pk", gk)
+        prepare(pj, topic, "j1", "Pj", gj)
+        for c, prefix, label in ((m1, "k", "M1"), (m2, "j", "M2")):
+            enqueue_bulk(c, topic, prefix, label, pg)
+            enqueue(c, topic, "s", label)
+        c1, c2, preparing = InThread(m1, "COMMIT"), InThread(m2, "COMMIT"), None
+        try:
+            wait_until(lambda: waiting_for(pg, m1, KEY_LOCK_CLASS), what="M1 waiting for Pk's k1")
+            wait_until(lambda: waiting_for(pg, m2, KEY_LOCK_CLASS), what="M2 waiting for Pj's j1")
+            p.execute("BEGIN")
+            enqueue(p, topic, "s", "P")
+            preparing = InThread(p, f"PREPARE TRANSACTION '{gp}'")
+            wait_until(lambda: waiting_for(pg, p, PREPARE_GATE_CLASS), what="P waiting at a gate")
+            pg.sql(f"COMMIT PREPARED '{gk}'")
+            c1.join()
+            pg.sql(f"COMMIT PREPARED '{gj}'")
+            c2.thread.join(60)
+            error = c2.error
+            preparing.join()
+        finally:
+            for g in (gk, gj):
+                if not gone(pg, g):
+                    pg.sql(f"COMMIT PREPARED '{g}'")
+            for t in (c1, c2, preparing):
+                if t is not None:
+                    t.thread.join(60)
+            if not gone(pg, gp):
+                pg.sql(f"COMMIT PREPARED '{gp}'")
+    assert error is None, f"M2 waited for a PREPARE that looked after it marked: {error!r}"
+    assert published_order(pg, topic, "s") == ["M1", "M2", "P"]
+
+
 def test_a_bulk_commit_stuck_at_a_prepared_key_holds_up_no_other_bulk_commit(pg, topic):
     # Attacker: Pa prepared with a1 and left; Ma (a1 .. a9) waits for it, and P's PREPARE of a key
     # on one of Ma's stripes waits at the gate (documented; P can be the attacker's own, with
