@@ -1,8 +1,8 @@
 """Attacks on commit order with prepared transactions (merge s8-twopc: per-key lock modes, the
-prepare gate and the per-stripe marks of a waiting bulk commit, DESIGN.md "Commit order"), by a
+prepare gates and the per-stripe marks of a waiting bulk commit, DESIGN.md "Commit order"), by a
 role with only EXECUTE on outbox.enqueue (PREPARE TRANSACTION allowed). max_locks_per_transaction
 is low, so a bulk commit (the global Exclusive path) needs only 9 keys. Each test fails if its
-attack works; the xfail ones are attacks that work on this merge (reported, not fixed)."""
+attack works."""
 
 import psycopg
 import pytest
@@ -66,16 +66,15 @@ def gone(pg, gid):
     return not pg.value("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,))
 
 
-# -- the prepare gate is one lock for every waiting bulk commit ------------------------------------
+# -- a prepare gate per waiting bulk commit (it was one lock for all of them) ----------------------
 
-@pytest.mark.xfail(strict=True, reason="the prepare gate is one lock: a PREPARE that finds one bulk commit's "
-                   "mark waits for every bulk commit holding the gate, also one whose stripes it shares none of")
 def test_a_prepare_waits_only_for_the_bulk_commit_whose_stripe_it_shares(pg, topic):
     # Attacker: Pa prepared with a1 and left; Ma (a1 .. a9) waits for it, with lock_timeout 0.
     # Victim: Mb (b1 .. b9) waits for Pb's b1 a moment; P prepares v, which shares a stripe with
     # Mb's keys and none with Ma's. DESIGN.md: a waiting bulk commit holds up "of PREPAREs only
     # those of its keys, or of keys sharing a stripe with one of them". Once Mb is done, P should
-    # go on; it waits for Ma, that is for the attacker's Pa, for ever (here: its lock_timeout).
+    # go on. With one gate for all bulk commits it waited for Ma too, that is for the attacker's
+    # Pa, for ever (here: its lock_timeout); now it waits at Mb's gate alone.
     ga, gb, gp = "ga-" + topic, "gb-" + topic, "gp-" + topic
     a_stripes = {stripe(pg, topic, k) for k in bulk_keys(pg, "a")}
     b_stripes = {stripe(pg, topic, k) for k in bulk_keys(pg, "b")} - a_stripes
@@ -108,6 +107,46 @@ def test_a_prepare_waits_only_for_the_bulk_commit_whose_stripe_it_shares(pg, top
                     pg.sql(f"COMMIT PREPARED '{gp}'")
     assert error is None, f"P waited for the attacker's bulk commit, whose stripes it does not share: {error!r}"
     assert published_order(pg, topic, v) == ["P"]
+
+
+def test_a_prepare_waits_for_every_bulk_commit_that_marked_its_stripe(pg, topic):
+    # M1 (k1 .. k9, s) waits for Pk's k1, M2 (j1 .. j9, s) for Pj's j1; P's PREPARE of s looks after
+    # both marked s. It must wait at both gates: let past M1's alone, it would prepare s and M2
+    # would wait for it, overtaken by a PREPARE that came after it marked (here: M2's lock_timeout).
+    gk, gj, gp = "bk-" + topic, "bj-" + topic, "bp-" + topic
+    pk, pj, m1, m2, p = (session(pg, APP), session(pg, APP), session(pg, APP), session(pg, APP, "10s"),
+                         session(pg, APP))
+    with pk, pj, m1, m2, p:
+        prepare(pk, topic, "k1", "Pk", gk)
+        prepare(pj, topic, "j1", "Pj", gj)
+        for c, prefix, label in ((m1, "k", "M1"), (m2, "j", "M2")):
+            enqueue_bulk(c, topic, prefix, label, pg)
+            enqueue(c, topic, "s", label)
+        c1, c2, preparing = InThread(m1, "COMMIT"), InThread(m2, "COMMIT"), None
+        try:
+            wait_until(lambda: waiting_for(pg, m1, KEY_LOCK_CLASS), what="M1 waiting for Pk's k1")
+            wait_until(lambda: waiting_for(pg, m2, KEY_LOCK_CLASS), what="M2 waiting for Pj's j1")
+            p.execute("BEGIN")
+            enqueue(p, topic, "s", "P")
+            preparing = InThread(p, f"PREPARE TRANSACTION '{gp}'")
+            wait_until(lambda: waiting_for(pg, p, PREPARE_GATE_CLASS), what="P waiting at a gate")
+            pg.sql(f"COMMIT PREPARED '{gk}'")
+            c1.join()
+            pg.sql(f"COMMIT PREPARED '{gj}'")
+            c2.thread.join(60)
+            error = c2.error
+            preparing.join()
+        finally:
+            for g in (gk, gj):
+                if not gone(pg, g):
+                    pg.sql(f"COMMIT PREPARED '{g}'")
+            for t in (c1, c2, preparing):
+                if t is not None:
+                    t.thread.join(60)
+            if not gone(pg, gp):
+                pg.sql(f"COMMIT PREPARED '{gp}'")
+    assert error is None, f"M2 waited for a PREPARE that looked after it marked: {error!r}"
+    assert published_order(pg, topic, "s") == ["M1", "M2", "P"]
 
 
 def test_a_bulk_commit_stuck_at_a_prepared_key_holds_up_no_other_bulk_commit(pg, topic):
@@ -146,12 +185,10 @@ def test_a_bulk_commit_stuck_at_a_prepared_key_holds_up_no_other_bulk_commit(pg,
     assert published_order(pg, topic, "a1") == ["Pa", "Ma"]
 
 
-@pytest.mark.xfail(strict=True, reason="a bulk commit that must wait takes the gate, behind a PREPARE waiting "
-                   "there for another bulk commit stuck at a prepared key: it waits for that one's key too")
 def test_a_bulk_commit_stuck_at_a_prepared_key_holds_up_no_bulk_commit_waiting_for_another(pg, topic):
-    # As above, but the victim Mc (c1 .. c9) must wait a moment for Pc's c1: it asks for the gate,
-    # behind P, which waits for Ma, which waits for the attacker's Pa. Once Pc commits, Mc should
-    # go on.
+    # As above, but the victim Mc (c1 .. c9) must wait a moment for Pc's c1. With one gate it asked
+    # for it behind P, which waits for Ma, which waits for the attacker's Pa; now it takes a gate
+    # of its own, which nobody else asks for. Once Pc commits, Mc should go on.
     ga, gc, gp = "wa-" + topic, "wc-" + topic, "wp-" + topic
     v = key_on_stripes(pg, topic, {stripe(pg, topic, "a2")})
     pa, pc, ma, p, mc = (session(pg, APP), session(pg, APP), session(pg, APP, "0"), session(pg, APP),

@@ -14,7 +14,7 @@ from harness.wait import wait_until
 
 KEY_LOCK_CLASS = 0x4F42     # pg_locks.objsubid of commit_order.cpp's per-key locks
 GLOBAL_LOCK_CLASS = 0x4F43  # ... and of its global lock
-PREPARE_GATE_CLASS = 0x4F44  # ... and of its prepare gate
+PREPARE_GATE_CLASS = 0x4F44  # ... and of its prepare gates (one per waiting committer of many keys)
 
 
 APP = "co_app"            # only EXECUTE on enqueue (docs/privileges.md)

@@ -19,10 +19,11 @@ namespace {
 // with objsubid 20290 (a key: objid and classid hold its hash) or 20291 (the global lock).
 constexpr uint16 kKeyLockClass = 0x4F42;
 constexpr uint16 kGlobalLockClass = 0x4F43;
-// objsubid 20292: the prepare gate (LockGlobalExclusive). A committer of many keys holds it while
-// it waits for its keys (RowExclusive: such committers do not exclude each other), with its keys'
-// stripes marked; a PREPARE that finds one of its keys' stripes marked waits for it (Share) once,
-// before it takes its first key, and does not keep it.
+// objsubid 20292: a prepare gate (LockGlobalExclusive), one per committer of many keys, named by
+// its backend's index and local transaction id (classid, objid). It holds its own Exclusive while
+// it waits for its keys, with its keys' stripes marked; a PREPARE that finds one of its keys'
+// stripes marked waits (Share) at the gates of the committers that marked it, once, before it takes
+// its first key, and does not keep them.
 constexpr uint16 kPrepareGateClass = 0x4F44;
 
 // A key lock's modes with max_prepared_transactions > 0 (DESIGN.md "Commit order"). A commit holds
@@ -127,8 +128,9 @@ WaitForKey(uint64 key_hash, LOCKMODE mode) {
 	LockKey(key_hash, mode);
 }
 
-// A committer of many keys marks each of its keys' stripes while it waits for them; the marks go
-// when it has its keys, or with its abort (Forget).
+// A committer of many keys marks each of its keys' stripes while it waits for them: a count per
+// stripe (cheap to look at), and its own bit per stripe (who to wait for). The marks go when it has
+// its keys, or with its abort (Forget).
 void
 AddToMarks(const NotedRow *rows, Size count, int32 delta) {
 	for (Size i = 0; i < count; i++) {
@@ -139,7 +141,24 @@ AddToMarks(const NotedRow *rows, Size count, int32 delta) {
 }
 
 void
+SetMarkerBits(BulkMarker *me, const NotedRow *rows, Size count, bool on) {
+	for (Size i = 0; i < count; i++) {
+		uint32 bit = BulkMarkIndex(rows[i].key_hash);
+		uint64 mask = uint64(1) << (bit % 64);
+		me->stripes[bit / 64] = on ? (me->stripes[bit / 64] | mask) : (me->stripes[bit / 64] & ~mask);
+	}
+}
+
+// Its marker is complete before any count shows it (fetch_add is a full barrier): a PREPARE that
+// sees a count it added finds it.
+void
 MarkStripes(const NotedRow *rows, Size count) {
+	BulkMarker *me = BulkMarkerOf(OutboxBackendIndex());
+	me->database = MyDatabaseId;
+	me->lxid = OutboxLocalTransactionId();
+	SetMarkerBits(me, rows, count, true);
+	pg_write_barrier();
+	pg_atomic_write_u32(&me->marking, 1);
 	AddToMarks(rows, count, 1);
 	marked_rows = rows;
 	marked_count = count;
@@ -147,7 +166,14 @@ MarkStripes(const NotedRow *rows, Size count) {
 
 void
 UnmarkStripes() {
+	if (marked_rows == nullptr) {
+		return;
+	}
 	AddToMarks(marked_rows, marked_count, -1);
+	BulkMarker *me = BulkMarkerOf(OutboxBackendIndex());
+	pg_atomic_write_u32(&me->marking, 0);
+	pg_memory_barrier();
+	SetMarkerBits(me, marked_rows, marked_count, false);
 	marked_rows = nullptr;
 	marked_count = 0;
 }
@@ -162,6 +188,45 @@ AnyStripeMarked(const NotedRow *rows, Size count) {
 	return false;
 }
 
+// A committer of many keys' gate: its backend's index and its local transaction id.
+struct GateName {
+	uint32 backend;
+	LocalTransactionId lxid;
+};
+
+// The gates of this database's committers of many keys that marked one of these rows' stripes;
+// palloc'd, `*found` of them. A marker read while its owner marks or unmarks may be missed or
+// be found with another transaction's name: only a look that follows that committer's next
+// Exclusive lock has to find it (LockGlobalExclusive), and a wait at a gate that is not held ends
+// at once.
+GateName *
+MarkersOf(const NotedRow *rows, Size count, Size *found) {
+	*found = 0;
+	if (!AnyStripeMarked(rows, count)) {
+		return nullptr;
+	}
+	pg_read_barrier();
+	GateName *gates = static_cast<GateName *>(palloc(sizeof(GateName) * BulkMarkerCount()));
+	for (uint32 b = 0; b < BulkMarkerCount(); b++) {
+		volatile BulkMarker *m = BulkMarkerOf(b);
+		if (pg_atomic_read_u32(&m->marking) == 0) {
+			continue;
+		}
+		pg_read_barrier();
+		if (m->database != MyDatabaseId) {
+			continue;
+		}
+		for (Size i = 0; i < count; i++) {
+			uint32 bit = BulkMarkIndex(rows[i].key_hash);
+			if ((m->stripes[bit / 64] >> (bit % 64)) & 1) {
+				gates[(*found)++] = GateName{b, m->lxid};
+				break;
+			}
+		}
+	}
+	return gates;
+}
+
 // A prepared transaction gives its Share lock back at the end of its pre-prepare (below): held
 // until COMMIT PREPARED, it would hold up every committer of many keys, and with it every
 // committer queued behind that one's Exclusive request. So under the Exclusive lock a key lock
@@ -170,10 +235,12 @@ AnyStripeMarked(const NotedRow *rows, Size count) {
 // The committer of many keys tries each of its keys RowShare, which only a PREPARE's lock makes
 // busy; at a busy one it gives the global lock back, waits for that key alone behind those queued
 // for it (holding up nobody but PREPAREs of its keys), lets it go and starts again. It holds at
-// most two of ours besides the prepare gate, which it takes at its first busy key (one that finds
-// its keys free at once never asks for it). With the gate held its keys' stripes are marked: a
-// PREPARE that finds one of its stripes marked before its first key waits for the gate, so of
+// most two of ours besides its prepare gate, which it takes at its first busy key (one that finds
+// its keys free at once never asks for it). With its gate held its keys' stripes are marked: a
+// PREPARE that finds one of its stripes marked by it before its first key waits at its gate, so of
 // PREPAREs it waits only for those that looked before it marked, never for one that came later.
+// Its gate is its own: nobody can name it before it marks, so it never waits for it, and behind
+// no PREPARE waiting for another committer's.
 void
 LockGlobalExclusive(const NotedRow *rows, Size count) {
 	if (max_prepared_xacts == 0) {
@@ -197,15 +264,14 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 		if (busy == nullptr) {
 			if (gated) {
 				UnmarkStripes();
-				Unlock(0, 0, kPrepareGateClass, RowExclusiveLock);
+				Unlock(OutboxBackendIndex(), OutboxLocalTransactionId(), kPrepareGateClass, ExclusiveLock);
 			}
 			return;
 		}
 		Unlock(0, 0, kGlobalLockClass, ExclusiveLock);
 		if (!gated) {
-			// Only one that must wait takes the gate: one whose keys are free never queues behind a
-			// PREPARE waiting there (which may wait for a committer stuck at a prepared key).
-			Lock(0, 0, kPrepareGateClass, RowExclusiveLock);
+			// Only one that must wait marks: a PREPARE need not wait for one whose keys are free.
+			Lock(OutboxBackendIndex(), OutboxLocalTransactionId(), kPrepareGateClass, ExclusiveLock);
 			MarkStripes(rows, count);
 			gated = true;
 		}
@@ -223,8 +289,8 @@ LockGlobalExclusive(const NotedRow *rows, Size count) {
 // starts again. It waits only for a key above every key it holds, holding no global lock.
 // A commit holds its keys ShareUpdateExclusive, a PREPARE Exclusive (kCommitKeyMode,
 // kPrepareKeyMode). A PREPARE that finds, before its first key, one of its keys' stripes marked by
-// a committer of many keys waits for the prepare gate once, holding nothing of ours, and lets it
-// go (see LockGlobalExclusive).
+// committers of many keys waits at each one's gate once, holding nothing of ours, and lets it go
+// (see LockGlobalExclusive).
 void
 LockKeys(const NotedRow *rows, Size count, bool preparing) {
 	if (max_prepared_xacts == 0) {
@@ -247,11 +313,19 @@ LockKeys(const NotedRow *rows, Size count, bool preparing) {
 			// lock before are seen. One that marks later may wait for this PREPARE's keys: it
 			// looked first, and only once.
 			looked_at_marks = true;
-			if (AnyStripeMarked(rows, count)) {
+			Size found;
+			GateName *gates = MarkersOf(rows, count, &found);
+			if (found > 0) {
 				Unlock(0, 0, kGlobalLockClass, ShareLock);
-				Lock(0, 0, kPrepareGateClass, ShareLock);
-				Unlock(0, 0, kPrepareGateClass, ShareLock);
+				for (Size g = 0; g < found; g++) {
+					Lock(gates[g].backend, gates[g].lxid, kPrepareGateClass, ShareLock);
+					Unlock(gates[g].backend, gates[g].lxid, kPrepareGateClass, ShareLock);
+				}
+				pfree(gates);
 				continue;
+			}
+			if (gates != nullptr) {
+				pfree(gates);
 			}
 		}
 		Size busy = count;

@@ -41,6 +41,9 @@ extern "C" {
 #include "pgstat.h"                 // pgstat_report_activity, pgstat_report_stat
 #include "portability/instr_time.h" // the relay's timings (metrics.hpp)
 #include "postmaster/bgworker.h"
+#if PG_VERSION_NUM < 150000
+#include "postmaster/autovacuum.h"  // autovacuum_max_workers: MaxBackends before it is known
+#endif
 #include "postmaster/interrupt.h"   // ShutdownRequestPending, ConfigReloadPending
 #include "replication/syncrep.h"    // SyncRepWaitForLSN, as a commit waits for synchronous standbys
 #include "replication/walsender.h"  // max_wal_senders: failover-safe publishing (standby_wait.cpp)
@@ -93,8 +96,11 @@ extern "C" {
 #endif
 #if PG_VERSION_NUM >= 170000
 #define OutboxLocalTransactionId() (MyProc->vxid.lxid)
+// This backend's index among MaxBackends (regular backends and background workers come first).
+#define OutboxBackendIndex() uint32(MyProcNumber)
 #else
 #define OutboxLocalTransactionId() (MyProc->lxid)
+#define OutboxBackendIndex() uint32(MyBackendId - 1)
 #endif
 // The backend status array's local copy (standby_wait.cpp): read by index, dropped to see it anew.
 #if PG_VERSION_NUM >= 160000

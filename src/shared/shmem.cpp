@@ -16,9 +16,22 @@ shmem_request_hook_type previous_request_hook = nullptr;
 #endif
 shmem_startup_hook_type previous_startup_hook = nullptr;
 
+BulkMarker *markers = nullptr;
+
+// MaxBackends, known from PG15 on when memory is requested (shmem_request_hook); PG14 asks in
+// _PG_init, before InitializeMaxBackends, so its sum is repeated here.
+uint32
+MarkerCount() {
+#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
+	return uint32(MaxBackends);
+#else
+	return uint32(MaxConnections + autovacuum_max_workers + 1 + max_worker_processes + max_wal_senders);
+#endif
+}
+
 Size
 SharedSize() {
-	return sizeof(SharedState);
+	return add_size(MAXALIGN(sizeof(SharedState)), mul_size(MarkerCount(), sizeof(BulkMarker)));
 }
 
 void
@@ -49,6 +62,12 @@ StartupMemory() {
 		for (uint32 i = 0; i < kOrderStripes; i++) {
 			pg_atomic_init_u64(&shared->order_stripes[i], 0);
 			pg_atomic_init_u32(&shared->bulk_marks[i], 0);
+		}
+	}
+	markers = reinterpret_cast<BulkMarker *>(reinterpret_cast<char *>(shared) + MAXALIGN(sizeof(SharedState)));
+	if (!found) {
+		for (uint32 i = 0; i < MarkerCount(); i++) {
+			pg_atomic_init_u32(&markers[i].marking, 0);
 		}
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -93,13 +112,32 @@ OrderStripe(uint64 key_hash) {
 	return &shared->order_stripes[key_hash % kOrderStripes];
 }
 
+uint32
+BulkMarkIndex(uint64 key_hash) {
+	// Per database, like the key locks and the gates it sends a PREPARE to: a bulk commit waiting
+	// in another database must not make this database's PREPAREs look for it.
+	uint64 mixed = key_hash ^ (uint64(MyDatabaseId) * UINT64CONST(0x9E3779B97F4A7C15));
+	return uint32(mixed % kOrderStripes);
+}
+
 pg_atomic_uint32 *
 BulkMark(uint64 key_hash) {
 	Assert(shared != nullptr);
-	// Per database, like the key locks and the gate it sends a PREPARE to: a bulk commit waiting
-	// in another database must not make this database's PREPAREs wait.
-	uint64 mixed = key_hash ^ (uint64(MyDatabaseId) * UINT64CONST(0x9E3779B97F4A7C15));
-	return &shared->bulk_marks[mixed % kOrderStripes];
+	return &shared->bulk_marks[BulkMarkIndex(key_hash)];
+}
+
+uint32
+BulkMarkerCount() {
+	return MarkerCount();
+}
+
+BulkMarker *
+BulkMarkerOf(uint32 backend) {
+	Assert(markers != nullptr);
+	if (backend >= MarkerCount()) {
+		elog(ERROR, "outbox: backend index %u is beyond the %u commit-order markers", backend, MarkerCount());
+	}
+	return &markers[backend];
 }
 
 void

@@ -130,8 +130,19 @@ struct SharedState {
 	LauncherShared launcher;
 	pg_atomic_uint64 order_stripes[kOrderStripes];
 	// Per stripe, how many keys hashing to it committers of many keys hold marked while they wait
-	// for their keys (commit_order.cpp: a PREPARE of such a key waits for them at the prepare gate).
+	// for their keys (commit_order.cpp: a PREPARE of such a key looks for them in the markers).
 	pg_atomic_uint32 bulk_marks[kOrderStripes];
+	// Followed by one BulkMarker per backend (BulkMarkerOf).
+};
+
+// Commit order: what one backend's committer of many keys marked while it waits for its keys, so
+// that a PREPARE finding one of its stripes marked waits for the committers that marked it and for
+// no other (commit_order.cpp). Written only by its backend.
+struct BulkMarker {
+	pg_atomic_uint32 marking; // set after the fields below, cleared before them
+	Oid database;
+	LocalTransactionId lxid;              // with the backend's index, names its gate lock
+	uint64 stripes[kOrderStripes / 64];   // a bit per BulkMarkIndex it marked
 };
 
 extern SharedState *shared;
@@ -148,6 +159,12 @@ pg_atomic_uint64 *OrderStripe(uint64 key_hash);
 // The count of marks of committers of many keys of this database on that stripe (the stripe of
 // (database, key hash): marks are per database like the key locks).
 pg_atomic_uint32 *BulkMark(uint64 key_hash);
+// That count's index, also the bit of BulkMarker::stripes.
+uint32 BulkMarkIndex(uint64 key_hash);
+
+// One marker per backend (OutboxBackendIndex() below BulkMarkerCount()).
+uint32 BulkMarkerCount();
+BulkMarker *BulkMarkerOf(uint32 backend);
 
 // The lanes a transaction wrote to, one bit each.
 struct LaneMask {
