@@ -206,8 +206,8 @@ MarkersOf(const NotedRow *rows, Size count, Size *found) {
 		return nullptr;
 	}
 	pg_read_barrier();
-	GateName *gates = static_cast<GateName *>(palloc(sizeof(GateName) * BulkMarkerCount()));
-	for (uint32 b = 0; b < BulkMarkerCount(); b++) {
+	GateName *gates = static_cast<GateName *>(palloc(sizeof(GateName) * BackendCount()));
+	for (uint32 b = 0; b < BackendCount(); b++) {
 		volatile BulkMarker *m = BulkMarkerOf(b);
 		if (pg_atomic_read_u32(&m->marking) == 0) {
 			continue;

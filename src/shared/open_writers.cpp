@@ -18,6 +18,7 @@
 #include "shared/open_writers.hpp"
 
 #include "shared/boundary.hpp"
+#include "shared/shmem.hpp"
 
 extern "C" {
 #include "storage/procarray.h" // TransactionIdIsInProgress
@@ -31,14 +32,15 @@ struct WriterEntry {
 	FullTransactionId fxid; // invalid: no entry
 	Oid database;
 	XLogRecPtr lowest;
-	int owner_pid; // backend entries: the backend the entry belongs to (0: free)
 };
 
 struct OpenWritersShared {
 	LWLock *lock;
 	int n_backend_entries;
 	int n_prepared_entries;
-	WriterEntry entries[FLEXIBLE_ARRAY_MEMBER]; // the backends', then the prepared transactions'
+	// One per backend (OutboxBackendIndex()), then the prepared transactions'. An entry a backend
+	// left behind names a transaction no longer in progress, which no claim counts.
+	WriterEntry entries[FLEXIBLE_ARRAY_MEMBER];
 };
 
 // The lowest stamp of a prepared transaction that wrote no generation row.
@@ -52,25 +54,13 @@ shmem_request_hook_type previous_request_hook = nullptr;
 #endif
 shmem_startup_hook_type previous_startup_hook = nullptr;
 
-// This backend's entry (-1: none taken yet; it keeps it until it exits) and whether it holds an
-// open transaction's entry now.
-int my_entry = -1;
+// Whether this backend's entry holds its open transaction now.
 bool my_entry_set = false;
 FullTransactionId my_fxid;
 
-int
-BackendEntries() {
-#if PG_VERSION_NUM >= 150000
-	return MaxBackends;
-#else
-	// 14 computes MaxBackends after _PG_init; the same sum, from the settings already read.
-	return MaxConnections + autovacuum_max_workers + 1 + max_worker_processes + max_wal_senders;
-#endif
-}
-
 Size
 RegistrySize() {
-	Size n = add_size(BackendEntries(), max_prepared_xacts);
+	Size n = add_size(BackendCount(), max_prepared_xacts);
 	return add_size(offsetof(OpenWritersShared, entries), mul_size(n, sizeof(WriterEntry)));
 }
 
@@ -96,7 +86,7 @@ StartupMemory() {
 	if (!found) {
 		memset(registry, 0, RegistrySize());
 		registry->lock = &GetNamedLWLockTranche(kTrancheName)->lock;
-		registry->n_backend_entries = BackendEntries();
+		registry->n_backend_entries = int(BackendCount());
 		registry->n_prepared_entries = max_prepared_xacts;
 	}
 	LWLockRelease(AddinShmemInitLock);
@@ -107,31 +97,14 @@ PreparedEntries() {
 	return registry->entries + registry->n_backend_entries;
 }
 
-// At backend exit (also FATAL): an open transaction of this backend is aborted, never committed,
-// so its entry can go before the abort runs.
-void
-ReleaseMyEntry(int, Datum) {
-	if (my_entry < 0 || registry == nullptr) {
-		return;
+WriterEntry *
+MyEntry() {
+	uint32 index = OutboxBackendIndex();
+	if (index >= uint32(registry->n_backend_entries)) {
+		elog(ERROR, "outbox: backend index %u is beyond the %d entries of the registry of open writers", index,
+		     registry->n_backend_entries);
 	}
-	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
-	registry->entries[my_entry] = WriterEntry{};
-	LWLockRelease(registry->lock);
-	my_entry = -1;
-	my_entry_set = false;
-}
-
-// Under the lock, exclusive. False: every entry is taken (cannot happen: one per backend).
-bool
-TakeBackendEntry() {
-	for (int i = 0; i < registry->n_backend_entries; i++) {
-		if (registry->entries[i].owner_pid == 0) {
-			registry->entries[i].owner_pid = MyProcPid;
-			my_entry = i;
-			return true;
-		}
-	}
-	return false;
+	return &registry->entries[index];
 }
 
 void
@@ -139,8 +112,9 @@ ClearMyTransaction() {
 	if (!my_entry_set) {
 		return;
 	}
+	WriterEntry *mine = MyEntry();
 	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
-	registry->entries[my_entry].fxid = InvalidFullTransactionId;
+	mine->fxid = InvalidFullTransactionId;
 	LWLockRelease(registry->lock);
 	my_entry_set = false;
 }
@@ -159,6 +133,7 @@ MoveMyTransactionToPrepared() {
 	if (!FullTransactionIdIsValid(preparing_fxid)) {
 		return; // no transaction id: it wrote nothing
 	}
+	WriterEntry *mine = my_entry_set ? MyEntry() : nullptr; // in range: it was when the entry was set
 	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
 	WriterEntry *prepared = PreparedEntries();
 	WriterEntry *free_entry = nullptr;
@@ -175,13 +150,10 @@ MoveMyTransactionToPrepared() {
 		}
 	}
 	if (free_entry != nullptr) {
-		*free_entry = WriterEntry{preparing_fxid, MyDatabaseId, kNoStamp, 0};
-		if (my_entry_set) {
-			free_entry->lowest = registry->entries[my_entry].lowest;
-		}
+		*free_entry = WriterEntry{preparing_fxid, MyDatabaseId, mine != nullptr ? mine->lowest : kNoStamp};
 	}
-	if (my_entry_set) {
-		registry->entries[my_entry].fxid = InvalidFullTransactionId;
+	if (mine != nullptr) {
+		mine->fxid = InvalidFullTransactionId;
 	}
 	LWLockRelease(registry->lock);
 	my_entry_set = false;
@@ -224,10 +196,6 @@ static void
 outbox_open_writers_xact_callback(XactEvent event, void *arg) {
 	CallFromPostgres("outbox_open_writers_xact_callback", OnTransactionEvent, event, arg);
 }
-static void
-outbox_open_writers_release(int code, Datum arg) {
-	CallFromPostgres("outbox_open_writers_release", ReleaseMyEntry, code, arg);
-}
 }
 
 void
@@ -253,15 +221,8 @@ StampOpenWriterRow() {
 	if (my_entry_set && FullTransactionIdEquals(my_fxid, top)) {
 		return GetXLogInsertRecPtr();
 	}
+	WriterEntry *e = MyEntry();
 	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
-	if (my_entry < 0) {
-		if (!TakeBackendEntry()) {
-			LWLockRelease(registry->lock);
-			ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox: no free entry in the registry of open writers")));
-		}
-		before_shmem_exit(outbox_open_writers_release, 0);
-	}
-	WriterEntry *e = &registry->entries[my_entry];
 	e->fxid = top;
 	e->database = MyDatabaseId;
 	// Read with the entry in place (under the lock a claim reads it with).

@@ -18,10 +18,12 @@ shmem_startup_hook_type previous_startup_hook = nullptr;
 
 BulkMarker *markers = nullptr;
 
+} // namespace
+
 // MaxBackends, known from PG15 on when memory is requested (shmem_request_hook); PG14 asks in
 // _PG_init, before InitializeMaxBackends, so its sum is repeated here.
 uint32
-MarkerCount() {
+BackendCount() {
 #if OUTBOX_HAS_SHMEM_REQUEST_HOOK
 	return uint32(MaxBackends);
 #else
@@ -29,9 +31,11 @@ MarkerCount() {
 #endif
 }
 
+namespace {
+
 Size
 SharedSize() {
-	return add_size(MAXALIGN(sizeof(SharedState)), mul_size(MarkerCount(), sizeof(BulkMarker)));
+	return add_size(MAXALIGN(sizeof(SharedState)), mul_size(BackendCount(), sizeof(BulkMarker)));
 }
 
 void
@@ -66,7 +70,7 @@ StartupMemory() {
 	}
 	markers = reinterpret_cast<BulkMarker *>(reinterpret_cast<char *>(shared) + MAXALIGN(sizeof(SharedState)));
 	if (!found) {
-		for (uint32 i = 0; i < MarkerCount(); i++) {
+		for (uint32 i = 0; i < BackendCount(); i++) {
 			pg_atomic_init_u32(&markers[i].marking, 0);
 		}
 	}
@@ -127,15 +131,15 @@ BulkMark(uint64 key_hash) {
 }
 
 uint32
-BulkMarkerCount() {
-	return MarkerCount();
+BulkBackendCount() {
+	return BackendCount();
 }
 
 BulkMarker *
 BulkMarkerOf(uint32 backend) {
 	Assert(markers != nullptr);
-	if (backend >= MarkerCount()) {
-		elog(ERROR, "outbox: backend index %u is beyond the %u commit-order markers", backend, MarkerCount());
+	if (backend >= BackendCount()) {
+		elog(ERROR, "outbox: backend index %u is beyond the %u commit-order markers", backend, BackendCount());
 	}
 	return &markers[backend];
 }

@@ -162,8 +162,11 @@ pg_atomic_uint32 *BulkMark(uint64 key_hash);
 // That count's index, also the bit of BulkMarker::stripes.
 uint32 BulkMarkIndex(uint64 key_hash);
 
-// One marker per backend (OutboxBackendIndex() below BulkMarkerCount()).
-uint32 BulkMarkerCount();
+// MaxBackends, also while shared memory is requested: one entry per backend
+// (OutboxBackendIndex() is below it).
+uint32 BackendCount();
+
+// One marker per backend.
 BulkMarker *BulkMarkerOf(uint32 backend);
 
 // The lanes a transaction wrote to, one bit each.
