@@ -191,28 +191,43 @@ def test_a_prepared_transaction_that_wrote_no_generation_row_holds_nothing(pg):
     relay.close()
 
 
-def test_a_transaction_prepared_before_a_restart_holds_the_horizon_until_it_commits(pg):
+def test_a_transaction_prepared_before_a_restart_holds_the_horizon_at_its_first_stamp_until_it_commits(pg):
     with pg.connect() as a:
         a.execute("BEGIN")
-        a_id, _ = insert(a, "a")
+        a_id, a_stamp = insert(a, "a")
+        insert(a, "a2")
         a.execute("PREPARE TRANSACTION 'across'")
     pg.restart()
     relay = Relay(pg)
     with pg.connect() as b:
         b_id, _ = insert(b, "b")
-        horizon, ids = relay.claim()
-        # No entry survives the restart: the claim cannot know the prepared one's stamps.
-        assert lsn(horizon) == 0 and ids == []
+        # No entry survives the restart: the claim reads the prepared one's rows for its lowest stamp.
+        assert relay.claim() == (a_stamp, [])
+        assert relay.claim() == (a_stamp, []), "kept as its entry"
         b.execute("COMMIT PREPARED 'across'")
     relay.claim()
     relay.close()
-    assert relay.claimed == committed_ids(pg) == [a_id, b_id]
+    assert relay.claimed == committed_ids(pg) and relay.claimed[0] == a_id and relay.claimed[-1] == b_id
+
+
+def test_a_transaction_prepared_before_a_restart_that_wrote_no_generation_row_holds_nothing(pg):
+    with pg.connect() as a:
+        a.execute("BEGIN")
+        a.execute("SELECT pg_current_xact_id()")
+        a.execute("PREPARE TRANSACTION 'no rows'")
+    pg.restart()
+    relay = Relay(pg)
+    with pg.connect() as b:
+        b_id, _ = insert(b, "b")
+        assert relay.claim()[1] == [b_id]
+        b.execute("ROLLBACK PREPARED 'no rows'")
+    relay.close()
 
 
 def test_a_transaction_prepared_before_a_crash_holds_the_horizon_until_it_commits(pg):
     with pg.connect() as a:
         a.execute("BEGIN")
-        a_id, _ = insert(a, "a")
+        a_id, a_stamp = insert(a, "a")
         a.execute("PREPARE TRANSACTION 'crashed'")
     open_writer = pg.connect()
     open_writer.execute("BEGIN")
@@ -223,7 +238,7 @@ def test_a_transaction_prepared_before_a_crash_holds_the_horizon_until_it_commit
     relay = Relay(pg)
     with pg.connect() as b:
         b_id, _ = insert(b, "b")
-        assert relay.claim() == ("0/0", [])
+        assert relay.claim() == (a_stamp, [])
         b.execute("COMMIT PREPARED 'crashed'")
     relay.claim()
     relay.close()
@@ -239,7 +254,7 @@ def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_
         primary.wait_streaming("ow_standby")
         with primary.connect() as a:
             a.execute("BEGIN")
-            a_id, _ = insert(a, "a")
+            a_id, a_stamp = insert(a, "a")
             a.execute("PREPARE TRANSACTION 'promoted'")
         written = primary.value("SELECT pg_current_wal_lsn()::text")
         wait_until(lambda: standby.value("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (written,)),
@@ -249,7 +264,7 @@ def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_
         relay = Relay(standby)
         with standby.connect() as b:
             b_id, _ = insert(b, "b")
-            assert relay.claim() == ("0/0", [])
+            assert relay.claim() == (a_stamp, [])
             b.execute("COMMIT PREPARED 'promoted'")
         relay.claim()
         relay.close()

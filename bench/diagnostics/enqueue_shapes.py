@@ -40,6 +40,12 @@ try:
         pg.sql(f"CREATE TABLE bench.{t} ({lean})")
         pg.sql(f"CREATE INDEX ON bench.{t} (order_lsn, id)")
     pg.sql("CREATE UNIQUE INDEX ON bench.gen (event_id)")
+    # gen_trigger: gen's shape stamped by the generation trigger itself (src/enqueue/generation_stamp.cpp:
+    # the registry of open writers, then order_lsn and writer), not by column defaults.
+    pg.sql("CREATE TABLE bench.gen_trigger (LIKE bench.gen INCLUDING ALL)")
+    pg.sql("CREATE FUNCTION bench.gen_stamp() RETURNS trigger LANGUAGE C AS '$libdir/outbox', 'outbox_generation_stamp'")
+    pg.sql("CREATE TRIGGER stamp BEFORE INSERT ON bench.gen_trigger FOR EACH ROW EXECUTE FUNCTION bench.gen_stamp()")
+    pg.sql("ALTER TABLE bench.gen_trigger ENABLE ALWAYS TRIGGER stamp")
     pg.sql("CREATE TABLE bench.caller_ids (event_id uuid PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now())")
     business = "INSERT INTO bench.invoices (subscription_id, amount_cents, status) VALUES (:sub, :amount, 'paid');"
     payload = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\", \"subscription_id\": \"sub-' || :sub || '\", \"amount_cents\": ' || :amount || ', \"currency\": \"EUR\", \"period\": \"2026-11\"}'")
@@ -57,6 +63,7 @@ try:
         "shape_nocheck": shape_insert("shape_nocheck"),
         "gen": shape_insert("gen"),
         "gen_noeid": shape_insert("gen_noeid"),
+        "gen_trigger": shape_insert("gen_trigger"),
         "gen_caller_ids": "INSERT INTO bench.caller_ids (event_id) VALUES (gen_random_uuid()); " + shape_insert("gen_noeid"),
         "business_only": "",
     }
@@ -75,7 +82,7 @@ try:
         for c in CLIENTS:
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                pg.sql("TRUNCATE bench.invoices, bench.plain_events, bench.shape, bench.shape_noeid, bench.shape_nopend, bench.shape_nocheck, bench.gen, bench.gen_noeid, bench.caller_ids, outbox.events")
+                pg.sql("TRUNCATE bench.invoices, bench.plain_events, bench.shape, bench.shape_noeid, bench.shape_nopend, bench.shape_nocheck, bench.gen, bench.gen_noeid, bench.gen_trigger, bench.caller_ids, outbox.events")
                 pg.sql("CHECKPOINT")
                 cmd = [pg.program("pgbench"), "-n", "-M", "prepared", "-c", str(c), "-j", str(min(c, 2)), "-T", str(SECONDS),
                        "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-f", files[n], "postgres"]

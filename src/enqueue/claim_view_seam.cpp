@@ -28,7 +28,7 @@ OUTBOX_SQL_FUNCTION(outbox_test_claim) {
 	}
 	outbox::ClaimView view;
 	if (use_registry) {
-		view = outbox::TakeClaimView(MyDatabaseId);
+		view = outbox::TakeClaimView(MyDatabaseId, &table, 1);
 	} else {
 		XLogRecPtr wal_insert = GetXLogInsertRecPtr();
 		view = outbox::ClaimView{wal_insert, RegisterSnapshot(GetLatestSnapshot())};

@@ -10,22 +10,6 @@ extern "C" {
 #include "utils/xid8.h" // FullTransactionIdGetDatum
 }
 
-namespace {
-
-AttrNumber
-StampedColumn(TupleDesc desc, const char *name, Oid type, Relation rel) {
-	int attnum = SPI_fnumber(desc, name);
-	if (attnum <= 0 || TupleDescAttr(desc, attnum - 1)->atttypid != type) {
-		ereport(ERROR, (errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
-		                errmsg("outbox: table \"%s\" has no column %s of type %s", RelationGetRelationName(rel), name,
-		                       format_type_be(type)),
-		                errhint("The trigger outbox_generation_stamp is for the extension's generation tables only.")));
-	}
-	return static_cast<AttrNumber>(attnum);
-}
-
-} // namespace
-
 OUTBOX_SQL_FUNCTION(outbox_generation_stamp) {
 	if (!CALLED_AS_TRIGGER(fcinfo)) {
 		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
@@ -38,11 +22,12 @@ OUTBOX_SQL_FUNCTION(outbox_generation_stamp) {
 		                errmsg("outbox_generation_stamp() must be a BEFORE INSERT ... FOR EACH ROW trigger")));
 	}
 	Relation rel = trigger->tg_relation;
-	TupleDesc desc = RelationGetDescr(rel);
-	int columns[2] = {StampedColumn(desc, "order_lsn", PG_LSNOID, rel), StampedColumn(desc, "writer", XID8OID, rel)};
+	AttrNumber order_lsn, writer;
+	outbox::GenerationColumns(rel, &order_lsn, &writer);
+	int columns[2] = {order_lsn, writer};
 	// The registration first: the stamp is read after it (open_writers.cpp).
 	XLogRecPtr stamp = outbox::StampOpenWriterRow();
 	Datum values[2] = {LSNGetDatum(stamp), FullTransactionIdGetDatum(GetTopFullTransactionId())};
 	bool nulls[2] = {false, false};
-	return PointerGetDatum(heap_modify_tuple_by_cols(trigger->tg_trigtuple, desc, 2, columns, values, nulls));
+	return PointerGetDatum(heap_modify_tuple_by_cols(trigger->tg_trigtuple, RelationGetDescr(rel), 2, columns, values, nulls));
 }

@@ -13,15 +13,18 @@
 // T wrote its entry after the claim read the registry, so after the claim read W, and read every
 // one of its stamps after writing the entry: s >= W (WAL positions only grow). T prepared: its
 // entry moved to the prepared array in the same locked step that cleared its backend's, or (no
-// room, or prepared before this server run) it has none and pg_prepared_xacts names it: the
-// horizon is 0 while it is in progress.
+// room, or prepared before this server run) it has none and pg_prepared_xact() names it: the claim
+// reads its lowest stamp from its rows (it writes none once prepared) and keeps that as its entry.
 #include "shared/open_writers.hpp"
 
 #include "shared/boundary.hpp"
 #include "shared/shmem.hpp"
 
 extern "C" {
-#include "storage/procarray.h" // TransactionIdIsInProgress
+#include "access/tableam.h"     // the look-up of a prepared transaction's rows
+#include "executor/tuptable.h"
+#include "storage/procarray.h"  // TransactionIdIsInProgress
+#include "utils/rel.h"
 }
 
 namespace outbox {
@@ -181,6 +184,74 @@ OnTransactionEvent(XactEvent event, void *) {
 	}
 }
 
+// A transaction id of the current epoch or the one before (a prepared transaction's: it holds
+// back the xid horizon, so it is within 2^31 of the next id).
+FullTransactionId
+WidenRecentXid(TransactionId xid) {
+	FullTransactionId next = ReadNextFullTransactionId();
+	uint32 epoch = EpochFromFullTransactionId(next);
+	if (xid > XidFromFullTransactionId(next) && epoch > 0) {
+		epoch--;
+	}
+	return FullTransactionIdFromEpochAndXid(epoch, xid);
+}
+
+// The lowest stamp among the rows of prepared transaction `xid` in `tables` (kNoStamp: none).
+// Every row version, whatever its visibility (SnapshotAny): the transaction is prepared, so it
+// writes no more rows, and a row of it that a snapshot would not show (deleted by itself, of an
+// aborted subtransaction) only makes the answer lower: safe. A whole scan of each table, once per
+// such transaction and server run.
+XLogRecPtr
+LowestStampOf(TransactionId xid, const Oid *tables, int n_tables) {
+	XLogRecPtr lowest = kNoStamp;
+	for (int t = 0; t < n_tables; t++) {
+		Relation rel = table_open(tables[t], AccessShareLock);
+		AttrNumber lsn_att, writer_att;
+		GenerationColumns(rel, &lsn_att, &writer_att);
+		TupleTableSlot *slot = table_slot_create(rel, nullptr);
+		TableScanDesc scan = table_beginscan(rel, SnapshotAny, 0, nullptr);
+		while (table_scan_getnextslot(scan, ForwardScanDirection, slot)) {
+			bool writer_null, lsn_null;
+			Datum writer = slot_getattr(slot, writer_att, &writer_null);
+			Datum stamp = slot_getattr(slot, lsn_att, &lsn_null);
+			if (!writer_null && !lsn_null &&
+			    TransactionIdEquals(XidFromFullTransactionId(FullTransactionIdFromU64(DatumGetUInt64(writer))), xid)) {
+				lowest = Min(lowest, DatumGetLSN(stamp));
+			}
+		}
+		table_endscan(scan);
+		ExecDropSingleTupleTableSlot(slot);
+		table_close(rel, AccessShareLock);
+	}
+	return lowest;
+}
+
+// Keeps what LowestStampOf found as the transaction's entry. False: no room (then the claim
+// treats it as unknown again, and looks again next time).
+bool
+AdoptPrepared(Oid db, TransactionId xid, XLogRecPtr lowest) {
+	FullTransactionId fxid = WidenRecentXid(xid);
+	bool kept = false;
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	WriterEntry *prepared = PreparedEntries();
+	for (int i = 0; i < registry->n_prepared_entries && !kept; i++) {
+		// Another claim adopted it meanwhile: the same answer.
+		kept = FullTransactionIdEquals(prepared[i].fxid, fxid);
+	}
+	for (int i = 0; i < registry->n_prepared_entries && !kept; i++) {
+		WriterEntry *e = &prepared[i];
+		if (FullTransactionIdIsValid(e->fxid) && !TransactionIdIsInProgress(XidFromFullTransactionId(e->fxid))) {
+			e->fxid = InvalidFullTransactionId;
+		}
+		if (!FullTransactionIdIsValid(e->fxid)) {
+			*e = WriterEntry{fxid, db, lowest};
+			kept = true;
+		}
+	}
+	LWLockRelease(registry->lock);
+	return kept;
+}
+
 } // namespace
 
 extern "C" {
@@ -213,6 +284,26 @@ RequestOpenWritersMemory() {
 void
 RegisterOpenWritersCallbacks() {
 	RegisterXactCallback(outbox_open_writers_xact_callback, nullptr);
+}
+
+void
+GenerationColumns(Relation rel, AttrNumber *order_lsn, AttrNumber *writer) {
+	struct {
+		const char *name;
+		Oid type;
+		AttrNumber *out;
+	} wanted[2] = {{"order_lsn", PG_LSNOID, order_lsn}, {"writer", XID8OID, writer}};
+	TupleDesc desc = RelationGetDescr(rel);
+	for (const auto &column : wanted) {
+		int attnum = SPI_fnumber(desc, column.name);
+		if (attnum <= 0 || TupleDescAttr(desc, attnum - 1)->atttypid != column.type) {
+			ereport(ERROR, (errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+			                errmsg("outbox: table \"%s\" has no column %s of type %s", RelationGetRelationName(rel),
+			                       column.name, format_type_be(column.type)),
+			                errhint("The trigger outbox_generation_stamp is for the extension's generation tables only.")));
+		}
+		*column.out = AttrNumber(attnum);
+	}
 }
 
 XLogRecPtr
@@ -252,7 +343,7 @@ ReadOpenWriters(Oid db, int *count) {
 }
 
 ClaimView
-TakeClaimView(Oid db) {
+TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 	// The order of these reads is the argument at the top of the file.
 	XLogRecPtr wal_insert = GetXLogInsertRecPtr();
 	int n_writers;
@@ -284,7 +375,8 @@ TakeClaimView(Oid db) {
 			has_entry = TransactionIdEquals(XidFromFullTransactionId(writers[j].fxid), prepared[i]);
 		}
 		if (!has_entry && XidInMVCCSnapshot(prepared[i], snapshot)) {
-			horizon = InvalidXLogRecPtr;
+			XLogRecPtr lowest = LowestStampOf(prepared[i], tables, n_tables);
+			horizon = Min(horizon, AdoptPrepared(db, prepared[i], lowest) ? lowest : InvalidXLogRecPtr);
 		}
 	}
 	pfree(writers);

@@ -33,12 +33,19 @@ OpenWriter *ReadOpenWriters(Oid db, int *count);
 // What a claim of database `db` may take: rows visible in `snapshot` with an order_lsn below
 // `horizon`. No transaction in progress in `snapshot` can commit a row below `horizon` (the
 // argument is in the .cpp and in DESIGN.md). The caller is connected to SPI (the database's
-// prepared transactions are read from pg_prepared_xacts) and unregisters the snapshot.
+// prepared transactions are read from pg_prepared_xact()) and unregisters the snapshot.
 struct ClaimView {
 	XLogRecPtr horizon;
 	Snapshot snapshot; // registered
 };
 
-ClaimView TakeClaimView(Oid db);
+// `tables` are the generation tables the claim walks: a prepared transaction without an entry
+// (prepared before this server run: a restart, a crash recovery, a promotion) is looked up in them
+// once, its lowest stamp or "no row" kept as its entry from then on.
+ClaimView TakeClaimView(Oid db, const Oid *tables, int n_tables);
+
+// The generation table's stamped columns, order_lsn (pg_lsn) and writer (xid8); an ERROR if it
+// has not both.
+void GenerationColumns(Relation rel, AttrNumber *order_lsn, AttrNumber *writer);
 
 } // namespace outbox
