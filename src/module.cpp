@@ -35,7 +35,6 @@ Init() {
 	// callback runs after theirs (PostgreSQL calls the newest first).
 	outbox::RegisterCommitOrderCallbacks();
 	outbox::RequestSharedMemory();
-	outbox::RequestOpenWritersMemory();
 	outbox::RegisterOpenWritersCallbacks();
 	outbox::RegisterLauncher();
 	outbox::InstallDropDatabaseHook();

@@ -191,23 +191,35 @@ def test_a_prepared_transaction_that_wrote_no_generation_row_holds_nothing(pg):
     relay.close()
 
 
-def test_a_transaction_prepared_before_a_restart_holds_the_horizon_at_its_first_stamp_until_it_commits(pg):
-    with pg.connect() as a:
+def prepare_one(cluster, gid, rows=1):
+    """A transaction that inserted `rows` rows and was prepared: its first row's id and stamp."""
+    with cluster.connect() as a:
         a.execute("BEGIN")
-        a_id, a_stamp = insert(a, "a")
-        insert(a, "a2")
-        a.execute("PREPARE TRANSACTION 'across'")
-    pg.restart()
-    relay = Relay(pg)
-    with pg.connect() as b:
+        first = insert(a, "prepared")
+        for _ in range(rows - 1):
+            insert(a, "prepared")
+        a.execute(f"PREPARE TRANSACTION '{gid}'")
+    return first
+
+
+def held_until_commit_prepared(cluster, gid, a_stamp):
+    """On a server run that did not see it prepared: a claim holds at the prepared transaction's
+    first stamp (twice: the look-up is kept) until COMMIT PREPARED; then both are claimed, in order."""
+    relay = Relay(cluster)
+    with cluster.connect() as b:
         b_id, _ = insert(b, "b")
-        # No entry survives the restart: the claim reads the prepared one's rows for its lowest stamp.
         assert relay.claim() == (a_stamp, [])
-        assert relay.claim() == (a_stamp, []), "kept as its entry"
-        b.execute("COMMIT PREPARED 'across'")
+        assert relay.claim() == (a_stamp, []), "the look-up is kept as an entry"
+        b.execute(f"COMMIT PREPARED '{gid}'")
     relay.claim()
     relay.close()
-    assert relay.claimed == committed_ids(pg) and relay.claimed[0] == a_id and relay.claimed[-1] == b_id
+    assert relay.claimed == committed_ids(cluster) and relay.claimed[-1] == b_id
+
+
+def test_a_transaction_prepared_before_a_restart_holds_the_horizon_at_its_first_stamp_until_it_commits(pg):
+    _, a_stamp = prepare_one(pg, "across", rows=2)
+    pg.restart()
+    held_until_commit_prepared(pg, "across", a_stamp)
 
 
 def test_a_transaction_prepared_before_a_restart_that_wrote_no_generation_row_holds_nothing(pg):
@@ -225,24 +237,14 @@ def test_a_transaction_prepared_before_a_restart_that_wrote_no_generation_row_ho
 
 
 def test_a_transaction_prepared_before_a_crash_holds_the_horizon_until_it_commits(pg):
-    with pg.connect() as a:
-        a.execute("BEGIN")
-        a_id, a_stamp = insert(a, "a")
-        a.execute("PREPARE TRANSACTION 'crashed'")
+    _, a_stamp = prepare_one(pg, "crashed")
     open_writer = pg.connect()
     open_writer.execute("BEGIN")
     insert(open_writer, "in progress at the crash")  # aborted by the crash
     pg.stop("immediate")
     open_writer.close()
     pg.start()
-    relay = Relay(pg)
-    with pg.connect() as b:
-        b_id, _ = insert(b, "b")
-        assert relay.claim() == (a_stamp, [])
-        b.execute("COMMIT PREPARED 'crashed'")
-    relay.claim()
-    relay.close()
-    assert relay.claimed == committed_ids(pg) == [a_id, b_id]
+    held_until_commit_prepared(pg, "crashed", a_stamp)
 
 
 def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_primary(standbys):
@@ -252,23 +254,13 @@ def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_
         standbys.append(standby)
         standby.start()
         primary.wait_streaming("ow_standby")
-        with primary.connect() as a:
-            a.execute("BEGIN")
-            a_id, a_stamp = insert(a, "a")
-            a.execute("PREPARE TRANSACTION 'promoted'")
+        _, a_stamp = prepare_one(primary, "promoted")
         written = primary.value("SELECT pg_current_wal_lsn()::text")
         wait_until(lambda: standby.value("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (written,)),
                    60, "the standby replayed the PREPARE")
         primary.stop("immediate")
         standby.promote()
-        relay = Relay(standby)
-        with standby.connect() as b:
-            b_id, _ = insert(b, "b")
-            assert relay.claim() == (a_stamp, [])
-            b.execute("COMMIT PREPARED 'promoted'")
-        relay.claim()
-        relay.close()
-        assert relay.claimed == committed_ids(standby) == [a_id, b_id]
+        held_until_commit_prepared(standby, "promoted", a_stamp)
 
 
 def test_a_terminated_writer_frees_its_entry(pg):

@@ -52,10 +52,6 @@ constexpr XLogRecPtr kNoStamp = PG_UINT64_MAX;
 constexpr const char *kTrancheName = "outbox_open_writers";
 
 OpenWritersShared *registry = nullptr;
-#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
-shmem_request_hook_type previous_request_hook = nullptr;
-#endif
-shmem_startup_hook_type previous_startup_hook = nullptr;
 
 // Whether this backend's entry holds its open transaction now.
 bool my_entry_set = false;
@@ -65,34 +61,6 @@ Size
 RegistrySize() {
 	Size n = add_size(BackendCount(), max_prepared_xacts);
 	return add_size(offsetof(OpenWritersShared, entries), mul_size(n, sizeof(WriterEntry)));
-}
-
-void
-RequestMemory() {
-#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
-	if (previous_request_hook) {
-		previous_request_hook();
-	}
-#endif
-	RequestAddinShmemSpace(RegistrySize());
-	RequestNamedLWLockTranche(kTrancheName, 1);
-}
-
-void
-StartupMemory() {
-	if (previous_startup_hook) {
-		previous_startup_hook();
-	}
-	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	bool found;
-	registry = static_cast<OpenWritersShared *>(ShmemInitStruct("outbox open writers", RegistrySize(), &found));
-	if (!found) {
-		memset(registry, 0, RegistrySize());
-		registry->lock = &GetNamedLWLockTranche(kTrancheName)->lock;
-		registry->n_backend_entries = int(BackendCount());
-		registry->n_prepared_entries = max_prepared_xacts;
-	}
-	LWLockRelease(AddinShmemInitLock);
 }
 
 WriterEntry *
@@ -256,14 +224,6 @@ AdoptPrepared(Oid db, TransactionId xid, XLogRecPtr lowest) {
 
 extern "C" {
 static void
-outbox_open_writers_shmem_request(void) {
-	CallFromPostgres("outbox_open_writers_shmem_request", RequestMemory);
-}
-static void
-outbox_open_writers_shmem_startup(void) {
-	CallFromPostgres("outbox_open_writers_shmem_startup", StartupMemory);
-}
-static void
 outbox_open_writers_xact_callback(XactEvent event, void *arg) {
 	CallFromPostgres("outbox_open_writers_xact_callback", OnTransactionEvent, event, arg);
 }
@@ -271,14 +231,20 @@ outbox_open_writers_xact_callback(XactEvent event, void *arg) {
 
 void
 RequestOpenWritersMemory() {
-#if OUTBOX_HAS_SHMEM_REQUEST_HOOK
-	previous_request_hook = shmem_request_hook;
-	shmem_request_hook = outbox_open_writers_shmem_request;
-#else
-	outbox_open_writers_shmem_request();
-#endif
-	previous_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = outbox_open_writers_shmem_startup;
+	RequestAddinShmemSpace(RegistrySize());
+	RequestNamedLWLockTranche(kTrancheName, 1);
+}
+
+void
+AttachOpenWriters() {
+	bool found;
+	registry = static_cast<OpenWritersShared *>(ShmemInitStruct("outbox open writers", RegistrySize(), &found));
+	if (!found) {
+		memset(registry, 0, RegistrySize());
+		registry->lock = &GetNamedLWLockTranche(kTrancheName)->lock;
+		registry->n_backend_entries = int(BackendCount());
+		registry->n_prepared_entries = max_prepared_xacts;
+	}
 }
 
 void

@@ -15,9 +15,11 @@ struct OpenWriter {
 	bool prepared;
 };
 
-// Called from _PG_init: the memory and the lock (PG15+: through shmem_request_hook), the
-// transaction callback that clears an entry at commit, abort and PREPARE.
+// The registry's memory and lock, asked for and attached by shmem.cpp's hooks (the second under
+// AddinShmemInitLock).
 void RequestOpenWritersMemory();
+void AttachOpenWriters();
+// Called from _PG_init: the transaction callback that clears an entry at commit, abort and PREPARE.
 void RegisterOpenWritersCallbacks();
 
 // The stamp for the next row this transaction inserts into a generation table: the WAL insert

@@ -4,6 +4,7 @@
 
 #include "shared/boundary.hpp"
 #include "shared/guc.hpp"
+#include "shared/open_writers.hpp"
 
 namespace outbox {
 
@@ -46,6 +47,7 @@ RequestMemory() {
 	}
 #endif
 	RequestAddinShmemSpace(SharedSize());
+	RequestOpenWritersMemory();
 }
 
 void
@@ -74,6 +76,7 @@ StartupMemory() {
 			pg_atomic_init_u32(&markers[i].marking, 0);
 		}
 	}
+	AttachOpenWriters();
 	LWLockRelease(AddinShmemInitLock);
 }
 
