@@ -179,6 +179,7 @@ LowestStampOf(TransactionId xid, const Oid *tables, int n_tables) {
 		TupleTableSlot *slot = table_slot_create(rel, nullptr);
 		TableScanDesc scan = table_beginscan(rel, SnapshotAny, 0, nullptr);
 		while (table_scan_getnextslot(scan, ForwardScanDirection, slot)) {
+			CHECK_FOR_INTERRUPTS(); // a whole table: cancel and shutdown must stop it
 			bool writer_null, lsn_null;
 			Datum writer = slot_getattr(slot, writer_att, &writer_null);
 			Datum stamp = slot_getattr(slot, lsn_att, &lsn_null);
