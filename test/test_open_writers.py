@@ -5,9 +5,11 @@ progress that a claim passes by is never skipped once it commits, through subtra
 PREPARE, COMMIT PREPARED, restarts, a promotion and a terminated backend.
 
 The claim here is the test-build seam outbox_test_claim (src/enqueue/claim_view_seam.cpp): a
-relay's walk reduced to "rows after my cursor and below the horizon, in the claim's snapshot".
-Its `use_registry = false` mode claims up to the WAL insert position instead: the tests that
-run it show that they fail when the registry is not consulted."""
+relay's walk reduced to "rows from my cursor up to a target, in the claim's snapshot", in two
+modes: "horizon" (the target is the safe horizon: an open writer holds the claims back at its
+first stamp) and "holes" (the target is the WAL insert position: the open writers passed become
+holes, whose rows are taken once they commit). Its "wal" mode claims up to the WAL insert position
+ignoring the registry: the tests run with it show that they fail when the registry is not read."""
 
 import random
 import threading
@@ -24,7 +26,8 @@ CREATE INDEX gen_order ON gen (order_lsn, id);
 CREATE FUNCTION gen_stamp() RETURNS trigger LANGUAGE C AS '$libdir/outbox', 'outbox_generation_stamp';
 CREATE TRIGGER gen_stamp BEFORE INSERT ON gen FOR EACH ROW EXECUTE FUNCTION gen_stamp();
 ALTER TABLE gen ENABLE ALWAYS TRIGGER gen_stamp;
-CREATE FUNCTION test_claim(regclass, pg_lsn, boolean, OUT horizon pg_lsn, OUT ids bigint[])
+CREATE FUNCTION test_claim(regclass, pg_lsn, text, xid8[], pg_lsn[], OUT cursor pg_lsn, OUT ids bigint[],
+                           OUT hole_xids xid8[], OUT hole_froms pg_lsn[])
     LANGUAGE C AS '$libdir/outbox', 'outbox_test_claim';
 """
 
@@ -52,27 +55,40 @@ def empty(pg):
     pg.sql("TRUNCATE gen")
 
 
-class Relay:
-    """A cursor over gen, as one relay slot keeps it: each claim takes the rows after the cursor
-    (inclusive) and below the horizon, and moves the cursor to the horizon (never back)."""
+MODES = ["horizon", "holes"]
 
-    def __init__(self, pg, use_registry=True, dbname=None):
+
+class Relay:
+    """One relay slot's cursor and holes over gen: each claim takes what the seam returns and
+    keeps the new cursor and holes, as a slot's cursor row would."""
+
+    def __init__(self, pg, mode="horizon", dbname=None):
         self.conn = pg.connect(dbname)
-        self.use_registry = use_registry
+        self.mode = mode
         self.cursor = "0/0"
+        self.holes = ([], [])
         self.claimed = []
 
     def claim(self):
-        horizon, ids = self.conn.execute("SELECT horizon, ids FROM test_claim('gen', %s, %s)",
-                                         (self.cursor, self.use_registry)).fetchone()
-        ids = ids or []
+        cursor, ids, xids, froms = self.conn.execute(
+            "SELECT cursor::text, ids, hole_xids::text[], hole_froms::text[] "
+            "FROM test_claim('gen', %s, %s, %s::text[]::xid8[], %s::text[]::pg_lsn[])",
+            (self.cursor, self.mode, *self.holes)).fetchone()
         self.claimed += ids
-        if lsn(horizon) > lsn(self.cursor):
-            self.cursor = horizon
-        return horizon, ids
+        assert lsn(cursor) >= lsn(self.cursor)
+        self.cursor, self.holes = cursor, (xids, froms)
+        return cursor, ids
 
     def close(self):
         self.conn.close()
+
+    def assert_each_committed_row_once(self, cluster):
+        assert not self.holes[0] or self.mode == "holes"
+        assert len(self.claimed) == len(set(self.claimed)), "a row taken twice"
+        if self.mode == "horizon":
+            assert self.claimed == committed_ids(cluster), "each committed row once, in (order_lsn, id) order"
+        else:
+            assert sorted(self.claimed) == sorted(committed_ids(cluster)), "each committed row once"
 
 
 def lsn(text):
@@ -88,9 +104,19 @@ def committed_ids(pg):
     return [i for (i,) in pg.sql("SELECT id FROM gen ORDER BY order_lsn, id")]
 
 
-def committed_later_below(pg, use_registry):
+def claim_while_open(relay, a_stamp, b_ids):
+    """The claim while A (first stamp a_stamp) is open and B's rows b_ids committed above it."""
+    cursor, ids = relay.claim()
+    if relay.mode == "horizon":
+        assert (cursor, ids) == (a_stamp, []), "held back at the open writer's first stamp"
+    else:
+        assert ids == b_ids, "passed by"
+        assert a_stamp in relay.holes[1], "the open writer is a hole from its first stamp"
+
+
+def committed_later_below(pg, mode):
     """A commits a row stamped before B's, after B committed and after a claim ran between them."""
-    relay = Relay(pg, use_registry)
+    relay = Relay(pg, mode)
     with pg.connect() as a, pg.connect() as b:
         a.execute("BEGIN")
         a_id, a_stamp = insert(a, "a")
@@ -98,23 +124,28 @@ def committed_later_below(pg, use_registry):
         b_id, b_stamp = insert(b, "b")
         b.execute("COMMIT")
         assert lsn(b_stamp) > lsn(a_stamp)
-        horizon, ids = relay.claim()
+        first = relay.claim()
         a.execute("COMMIT")
     relay.claim()
     relay.close()
-    return relay, horizon, ids, a_id, a_stamp, b_id
+    return relay, first, a_id, a_stamp, b_id
 
 
-def test_a_transaction_in_progress_holds_the_horizon_at_its_first_stamp_and_is_claimed_after_it_commits(pg):
-    relay, horizon, ids, a_id, a_stamp, b_id = committed_later_below(pg, use_registry=True)
-    assert horizon == a_stamp, "the claim must stop at the open writer's lowest stamp"
-    assert ids == [], "B's row is above A's stamp: it waits for A"
-    assert relay.claimed == [a_id, b_id] == committed_ids(pg)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_transaction_in_progress_passed_by_a_claim_is_claimed_after_it_commits(pg, mode):
+    relay, (cursor, ids), a_id, a_stamp, b_id = committed_later_below(pg, mode)
+    if mode == "horizon":
+        assert (cursor, ids) == (a_stamp, []), "the claim must stop at the open writer's lowest stamp"
+        assert relay.claimed == [a_id, b_id]
+    else:
+        assert ids == [b_id], "B is not held back by A"
+        assert relay.claimed == [b_id, a_id] and relay.holes == ([], [])
+    relay.assert_each_committed_row_once(pg)
 
 
 def test_without_the_registry_the_same_interleaving_loses_the_row(pg):
     # The control: a claim up to the WAL insert position passes A's stamp while A is open.
-    relay, horizon, ids, a_id, a_stamp, b_id = committed_later_below(pg, use_registry=False)
+    relay, (_, ids), a_id, _, b_id = committed_later_below(pg, "wal")
     assert ids == [b_id]
     assert a_id not in relay.claimed
 
@@ -140,8 +171,9 @@ def test_a_stamp_set_by_the_writer_is_overwritten(pg):
     assert lsn(stamp) > 1 and writer != "1"
 
 
-def test_a_row_of_a_rolled_back_savepoint_keeps_the_transaction_registered_from_its_first_stamp(pg):
-    relay = Relay(pg)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_row_of_a_rolled_back_savepoint_keeps_the_transaction_registered_from_its_first_stamp(pg, mode):
+    relay = Relay(pg, mode)
     with pg.connect() as a, pg.connect() as b:
         a.execute("BEGIN")
         a.execute("SAVEPOINT s")
@@ -149,44 +181,46 @@ def test_a_row_of_a_rolled_back_savepoint_keeps_the_transaction_registered_from_
         a.execute("ROLLBACK TO SAVEPOINT s")
         a_id, _ = insert(a, "kept")
         b_id, _ = insert(b, "b")  # autocommit
-        horizon, ids = relay.claim()
-        assert horizon == first and ids == []
+        claim_while_open(relay, first, [b_id])
         a.execute("COMMIT")
     relay.claim()
-    assert sorted(relay.claimed) == sorted([a_id, b_id]) and relay.claimed == committed_ids(pg)
+    relay.close()
+    assert sorted(relay.claimed) == sorted([a_id, b_id])
+    relay.assert_each_committed_row_once(pg)
 
 
-def test_a_prepared_transaction_holds_the_horizon_until_commit_prepared(pg):
-    relay = Relay(pg)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_prepared_transaction_is_passed_by_until_commit_prepared(pg, mode):
+    relay = Relay(pg, mode)
     with pg.connect() as a, pg.connect() as b:
         a.execute("BEGIN")
         a_id, a_stamp = insert(a, "a")
         a.execute("PREPARE TRANSACTION 'pa'")
-        insert(b, "b")
-        horizon, ids = relay.claim()
-        assert horizon == a_stamp and ids == []
+        b_id, _ = insert(b, "b")
+        claim_while_open(relay, a_stamp, [b_id])
         # A later PREPARE of another session finds the entry of the first in the prepared array.
         b.execute("BEGIN")
         insert(b, "c")
         b.execute("PREPARE TRANSACTION 'pc'")
-        assert relay.claim() == (a_stamp, [])
+        claim_while_open(relay, a_stamp, [])
         b.execute("COMMIT PREPARED 'pa'")
-        horizon, ids = relay.claim()
-        assert a_id in ids and lsn(horizon) < lsn(pg.value("SELECT pg_current_wal_insert_lsn()::text"))
+        _, ids = relay.claim()
+        assert a_id in ids
         b.execute("COMMIT PREPARED 'pc'")
     relay.claim()
-    assert relay.claimed == committed_ids(pg)
+    relay.close()
+    relay.assert_each_committed_row_once(pg)
 
 
-def test_a_prepared_transaction_that_wrote_no_generation_row_holds_nothing(pg):
-    relay = Relay(pg)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_prepared_transaction_that_wrote_no_generation_row_holds_nothing(pg, mode):
+    relay = Relay(pg, mode)
     with pg.connect() as a, pg.connect() as b:
         a.execute("BEGIN")
         a.execute("SELECT pg_current_xact_id()")  # a transaction id, no generation row
         a.execute("PREPARE TRANSACTION 'none'")
         b_id, _ = insert(b, "b")
-        horizon, ids = relay.claim()
-        assert ids == [b_id]
+        assert relay.claim()[1] == [b_id] and relay.holes == ([], [])
         b.execute("ROLLBACK PREPARED 'none'")
     relay.close()
 
@@ -202,24 +236,25 @@ def prepare_one(cluster, gid, rows=1):
     return first
 
 
-def held_until_commit_prepared(cluster, gid, a_stamp):
-    """On a server run that did not see it prepared: a claim holds at the prepared transaction's
-    first stamp (twice: the look-up is kept) until COMMIT PREPARED; then both are claimed, in order."""
-    relay = Relay(cluster)
+def held_until_commit_prepared(cluster, gid, a_stamp, mode):
+    """On a server run that did not see it prepared: a claim passes by the prepared transaction
+    from its first stamp (twice: the look-up is kept) until COMMIT PREPARED; then all is claimed."""
+    relay = Relay(cluster, mode)
     with cluster.connect() as b:
         b_id, _ = insert(b, "b")
-        assert relay.claim() == (a_stamp, [])
-        assert relay.claim() == (a_stamp, []), "the look-up is kept as an entry"
+        claim_while_open(relay, a_stamp, [b_id])
+        claim_while_open(relay, a_stamp, [])
         b.execute(f"COMMIT PREPARED '{gid}'")
     relay.claim()
     relay.close()
-    assert relay.claimed == committed_ids(cluster) and relay.claimed[-1] == b_id
+    relay.assert_each_committed_row_once(cluster)
 
 
-def test_a_transaction_prepared_before_a_restart_holds_the_horizon_at_its_first_stamp_until_it_commits(pg):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_transaction_prepared_before_a_restart_is_passed_by_from_its_first_stamp_until_it_commits(pg, mode):
     _, a_stamp = prepare_one(pg, "across", rows=2)
     pg.restart()
-    held_until_commit_prepared(pg, "across", a_stamp)
+    held_until_commit_prepared(pg, "across", a_stamp, mode)
 
 
 def test_a_transaction_prepared_before_a_restart_that_wrote_no_generation_row_holds_nothing(pg):
@@ -236,7 +271,8 @@ def test_a_transaction_prepared_before_a_restart_that_wrote_no_generation_row_ho
     relay.close()
 
 
-def test_a_transaction_prepared_before_a_crash_holds_the_horizon_until_it_commits(pg):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_transaction_prepared_before_a_crash_is_passed_by_until_it_commits(pg, mode):
     _, a_stamp = prepare_one(pg, "crashed")
     open_writer = pg.connect()
     open_writer.execute("BEGIN")
@@ -244,10 +280,11 @@ def test_a_transaction_prepared_before_a_crash_holds_the_horizon_until_it_commit
     pg.stop("immediate")
     open_writer.close()
     pg.start()
-    held_until_commit_prepared(pg, "crashed", a_stamp)
+    held_until_commit_prepared(pg, "crashed", a_stamp, mode)
 
 
-def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_primary(standbys):
+@pytest.mark.parametrize("mode", MODES)
+def test_a_promoted_standby_passes_by_a_transaction_prepared_on_the_primary(standbys, mode):
     with PgCluster(settings={"outbox.workers": "0", "max_prepared_transactions": "4"}) as primary:
         set_up(primary)
         standby = primary.make_standby("ow_standby", settings={"outbox.workers": "0"})
@@ -260,15 +297,16 @@ def test_a_promoted_standby_holds_the_horizon_for_a_transaction_prepared_on_the_
                    60, "the standby replayed the PREPARE")
         primary.stop("immediate")
         standby.promote()
-        held_until_commit_prepared(standby, "promoted", a_stamp)
+        held_until_commit_prepared(standby, "promoted", a_stamp, mode)
 
 
-def test_a_terminated_writer_frees_its_entry(pg):
-    relay = Relay(pg)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_terminated_writer_frees_its_entry(pg, mode):
+    relay = Relay(pg, mode)
     a = pg.connect()
     a.execute("BEGIN")
     _, a_stamp = insert(a, "a")
-    assert relay.claim()[0] == a_stamp
+    claim_while_open(relay, a_stamp, [])
     assert pg.value("SELECT pg_terminate_backend(%s, 10000)", (a.info.backend_pid,))
     with pytest.raises(psycopg.OperationalError):
         a.execute("COMMIT")
@@ -277,19 +315,20 @@ def test_a_terminated_writer_frees_its_entry(pg):
         b_id, _ = insert(b, "b")
     assert relay.claim()[1] == [b_id]
     relay.close()
-    assert relay.claimed == committed_ids(pg) == [b_id]
+    assert relay.claimed == committed_ids(pg) == [b_id] and relay.holes == ([], [])
 
 
-def test_an_open_writer_of_another_database_holds_nothing_here(pg):
+@pytest.mark.parametrize("mode", MODES)
+def test_an_open_writer_of_another_database_holds_nothing_here(pg, mode):
     pg.sql("CREATE DATABASE other")
     try:
         set_up(pg, "other")
-        relay = Relay(pg)
+        relay = Relay(pg, mode)
         with pg.connect("other") as a, pg.connect() as b:
             a.execute("BEGIN")
             insert(a, "there")
             b_id, _ = insert(b, "here")
-            assert relay.claim()[1] == [b_id]
+            assert relay.claim()[1] == [b_id] and relay.holes == ([], [])
             a.execute("ROLLBACK")
         relay.close()
     finally:
@@ -316,7 +355,8 @@ def test_bad_uses_of_the_trigger_are_refused(pg):
     assert pg.value("SELECT count(*) FROM gen WHERE label <> 'row'") == 0
 
 
-def test_concurrent_writers_savepoints_and_prepares_lose_and_repeat_nothing(pg):
+@pytest.mark.parametrize("mode", MODES)
+def test_concurrent_writers_savepoints_and_prepares_lose_and_repeat_nothing(pg, mode):
     """Writers commit, roll back, use savepoints and PREPARE in random interleavings while a
     claim runs in a loop: every committed row is claimed once, none that rolled back."""
     stop = threading.Event()
@@ -350,7 +390,7 @@ def test_concurrent_writers_savepoints_and_prepares_lose_and_repeat_nothing(pg):
             errors.append(e)
 
     threads = [threading.Thread(target=writer, args=(s,)) for s in range(4)]
-    relay = Relay(pg)
+    relay = Relay(pg, mode)
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
@@ -360,5 +400,7 @@ def test_concurrent_writers_savepoints_and_prepares_lose_and_repeat_nothing(pg):
         t.join()
     assert not errors
     wait_until(lambda: relay.claim() and len(relay.claimed) >= len(committed_ids(pg)), what="the last claims")
+    relay.claim()
     relay.close()
-    assert relay.claimed == committed_ids(pg), "each committed row once, in (order_lsn, id) order"
+    assert relay.holes == ([], [])
+    relay.assert_each_committed_row_once(pg)

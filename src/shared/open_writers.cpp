@@ -15,6 +15,10 @@
 // entry moved to the prepared array in the same locked step that cleared its backend's, or (no
 // room, or prepared before this server run) it has none and pg_prepared_xact() names it: the claim
 // reads its lowest stamp from its rows (it writes none once prepared) and keeps that as its entry.
+// The same argument, put the other way: a row below W that S does not show and that will still be
+// committed is a row of a writer in the view (in progress in S), at or above its lowest stamp. So a
+// claim may also pass W if it keeps those writers as holes (DESIGN.md) and walks each one's rows
+// from its lowest stamp up to the cursor once S no longer shows it in progress.
 #include "shared/open_writers.hpp"
 
 #include "shared/boundary.hpp"
@@ -330,10 +334,11 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 	}
 	Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
 
-	XLogRecPtr horizon = wal_insert;
+	auto *open = static_cast<OpenWriter *>(palloc(sizeof(OpenWriter) * Max(uint64(n_writers) + n_prepared, uint64(1))));
+	int n_open = 0;
 	for (int i = 0; i < n_writers; i++) {
-		if (XidInMVCCSnapshot(XidFromFullTransactionId(writers[i].fxid), snapshot)) {
-			horizon = Min(horizon, writers[i].lowest);
+		if (XidInMVCCSnapshot(XidFromFullTransactionId(writers[i].fxid), snapshot) && writers[i].lowest != kNoStamp) {
+			open[n_open++] = writers[i];
 		}
 	}
 	for (uint64 i = 0; i < n_prepared; i++) {
@@ -343,12 +348,26 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 		}
 		if (!has_entry && XidInMVCCSnapshot(prepared[i], snapshot)) {
 			XLogRecPtr lowest = LowestStampOf(prepared[i], tables, n_tables);
-			horizon = Min(horizon, AdoptPrepared(db, prepared[i], lowest) ? lowest : InvalidXLogRecPtr);
+			if (!AdoptPrepared(db, prepared[i], lowest)) {
+				lowest = InvalidXLogRecPtr; // not kept: it may have rows anywhere
+			}
+			if (lowest != kNoStamp) {
+				open[n_open++] = OpenWriter{WidenRecentXid(prepared[i]), lowest, true};
+			}
 		}
 	}
 	pfree(writers);
 	pfree(prepared);
-	return ClaimView{horizon, snapshot};
+	return ClaimView{wal_insert, snapshot, open, n_open};
+}
+
+XLogRecPtr
+SafeHorizon(const ClaimView &view) {
+	XLogRecPtr horizon = view.wal_insert;
+	for (int i = 0; i < view.n_open; i++) {
+		horizon = Min(horizon, view.open[i].lowest);
+	}
+	return horizon;
 }
 
 } // namespace outbox

@@ -32,19 +32,26 @@ XLogRecPtr StampOpenWriterRow();
 // memory context; *count gets their number.
 OpenWriter *ReadOpenWriters(Oid db, int *count);
 
-// What a claim of database `db` may take: rows visible in `snapshot` with an order_lsn below
-// `horizon`. No transaction in progress in `snapshot` can commit a row below `horizon` (the
-// argument is in the .cpp and in DESIGN.md). The caller is connected to SPI (the database's
-// prepared transactions are read from pg_prepared_xact()) and unregisters the snapshot.
-struct ClaimView {
-	XLogRecPtr horizon;
-	Snapshot snapshot; // registered
-};
-
+// What a claim of database `db` sees: the WAL insert position, then (read after it) the open
+// writers of the database that are in progress in `snapshot`, then the snapshot. No transaction
+// in progress in `snapshot` but those can commit a row below `wal_insert`, and none of those a row
+// below its `lowest` (the argument is in the .cpp and in DESIGN.md). The caller is connected to
+// SPI (the prepared transactions are read from pg_prepared_xact()) and unregisters the snapshot.
 // `tables` are the generation tables the claim walks: a prepared transaction without an entry
 // (prepared before this server run: a restart, a crash recovery, a promotion) is looked up in them
 // once, its lowest stamp or "no row" kept as its entry from then on.
+struct ClaimView {
+	XLogRecPtr wal_insert;
+	Snapshot snapshot; // registered
+	OpenWriter *open;  // palloc'd
+	int n_open;
+};
+
 ClaimView TakeClaimView(Oid db, const Oid *tables, int n_tables);
+
+// The safe horizon: rows visible in the view's snapshot below it are final (no row below it can
+// still be committed). The least of wal_insert and the open writers' lowest stamps.
+XLogRecPtr SafeHorizon(const ClaimView &view);
 
 // The generation table's stamped columns, order_lsn (pg_lsn) and writer (xid8); an ERROR if it
 // has not both.
