@@ -105,6 +105,9 @@ FullTransactionId preparing_fxid;
 // (horizon 0 until it ends), which is safe.
 void
 MoveMyTransactionToPrepared() {
+	if (my_entry_set) {
+		preparing_fxid = my_fxid; // also when a later PRE_PREPARE callback wrote its first row
+	}
 	if (!FullTransactionIdIsValid(preparing_fxid)) {
 		return; // no transaction id: it wrote nothing
 	}
