@@ -1,11 +1,11 @@
 // Test builds only: a claim over a table stamped by outbox_generation_stamp, without the relay
 // (DESIGN.md "The insert-only queue", build order step 1). Tests create the SQL function by hand:
 //   CREATE FUNCTION test_claim(regclass, pg_lsn, text, xid8[], pg_lsn[], OUT cursor pg_lsn,
-//     OUT ids bigint[], OUT hole_xids xid8[], OUT hole_froms pg_lsn[])
+//     OUT ids bigint[], OUT hole_xids xid8[], OUT hole_froms pg_lsn[], OUT open_xids xid8[])
 //     LANGUAGE C AS '$libdir/outbox', 'outbox_test_claim';
 // Given a slot's cursor (the rows below it were taken) and its holes (open writers it passed: the
 // transaction and its lowest stamp), it returns the ids it takes, in the order taken, and the new
-// cursor and holes. Modes:
+// cursor and holes, and the open writers the claim saw. Modes:
 //   'horizon'  up to the safe horizon, no holes;
 //   'holes'    up to the WAL insert position: the open writers below it become holes, and a hole
 //              no longer in progress has its rows from its lowest stamp up to the cursor taken first;
@@ -124,11 +124,16 @@ OUTBOX_SQL_FUNCTION(outbox_test_claim) {
 			kept_froms[n_kept++] = LSNGetDatum(view.open[i].lowest);
 		}
 	}
+	auto *open_xids = static_cast<Datum *>(MemoryContextAlloc(outer, sizeof(Datum) * (view.n_open + 1)));
+	for (int i = 0; i < view.n_open; i++) {
+		open_xids[i] = FullTransactionIdGetDatum(view.open[i].fxid);
+	}
+	int n_open = view.n_open;
 	UnregisterSnapshot(view.snapshot);
 	SPI_finish();
-	Datum values[4] = {LSNGetDatum(target), ArrayOf(ids, n_ids, INT8OID), ArrayOf(kept_xids, n_kept, XID8OID),
-	                   ArrayOf(kept_froms, n_kept, PG_LSNOID)};
-	bool nulls[4] = {false, false, false, false};
+	Datum values[5] = {LSNGetDatum(target), ArrayOf(ids, n_ids, INT8OID), ArrayOf(kept_xids, n_kept, XID8OID),
+	                   ArrayOf(kept_froms, n_kept, PG_LSNOID), ArrayOf(open_xids, n_open, XID8OID)};
+	bool nulls[5] = {false, false, false, false, false};
 	return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(result_desc), values, nulls));
 }
 

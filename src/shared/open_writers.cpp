@@ -57,9 +57,12 @@ constexpr const char *kTrancheName = "outbox_open_writers";
 
 OpenWritersShared *registry = nullptr;
 
-// Whether this backend's entry holds its open transaction now.
-bool my_entry_set = false;
+// This backend's entry while it holds its open transaction (nullptr: none), found when it is set
+// (where an ERROR may be raised), so that the callbacks after commit and PREPARE raise none.
+WriterEntry *my_entry = nullptr;
 FullTransactionId my_fxid;
+// The prepared-array entry reserved at PRE_PREPARE for the transaction being prepared.
+WriterEntry *reserved = nullptr;
 
 Size
 RegistrySize() {
@@ -82,74 +85,97 @@ MyEntry() {
 	return &registry->entries[index];
 }
 
-void
-ClearMyTransaction() {
-	if (!my_entry_set) {
-		return;
+// Under the lock, exclusive: a free prepared entry, or nullptr. An entry of a prepared transaction
+// that ended since (COMMIT/ROLLBACK PREPARED, run by any backend: no callback tells this one) is
+// free again; that is looked up (it may raise an ERROR) only when no entry is free.
+WriterEntry *
+FreePreparedEntry() {
+	WriterEntry *prepared = PreparedEntries();
+	for (int i = 0; i < registry->n_prepared_entries; i++) {
+		if (!FullTransactionIdIsValid(prepared[i].fxid)) {
+			return &prepared[i];
+		}
 	}
-	WriterEntry *mine = MyEntry();
-	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
-	mine->fxid = InvalidFullTransactionId;
-	LWLockRelease(registry->lock);
-	my_entry_set = false;
+	for (int i = 0; i < registry->n_prepared_entries; i++) {
+		if (!TransactionIdIsInProgress(XidFromFullTransactionId(prepared[i].fxid))) {
+			prepared[i].fxid = InvalidFullTransactionId;
+			return &prepared[i];
+		}
+	}
+	return nullptr;
 }
 
-// The top-level transaction being prepared (read at PRE_PREPARE, where it is still the current one).
-FullTransactionId preparing_fxid;
-
-// After PREPARE (its record is written, the transaction is in progress as a prepared one): the
-// entry moves to the prepared array in the step that clears the backend's. A prepared transaction
-// that wrote no generation row gets an entry too, with no stamp, so that a claim can tell it from
-// one prepared before this server run. Must not fail. With no room (cannot happen: see below) the
-// entry is dropped, and the claim treats the transaction as one prepared before this server run
-// (horizon 0 until it ends), which is safe.
+// At commit and abort (after ProcArrayEndTransaction: a committed transaction's rows are
+// visible), and at backend exit through the abort of its open transaction.
 void
-MoveMyTransactionToPrepared() {
-	if (my_entry_set) {
-		preparing_fxid = my_fxid; // also when a later PRE_PREPARE callback wrote its first row
+ClearMyTransaction() {
+	if (my_entry == nullptr && reserved == nullptr) {
+		return;
 	}
-	if (!FullTransactionIdIsValid(preparing_fxid)) {
-		return; // no transaction id: it wrote nothing
-	}
-	WriterEntry *mine = my_entry_set ? MyEntry() : nullptr; // in range: it was when the entry was set
 	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
-	WriterEntry *prepared = PreparedEntries();
-	WriterEntry *free_entry = nullptr;
-	// Room: the live entries are of other prepared transactions, fewer than max_prepared_xacts.
-	for (int i = 0; i < registry->n_prepared_entries && free_entry == nullptr; i++) {
-		WriterEntry *e = &prepared[i];
-		// An entry of a prepared transaction that ended since (COMMIT/ROLLBACK PREPARED run by
-		// any backend, no callback tells us): free again.
-		if (FullTransactionIdIsValid(e->fxid) && !TransactionIdIsInProgress(XidFromFullTransactionId(e->fxid))) {
-			e->fxid = InvalidFullTransactionId;
-		}
-		if (!FullTransactionIdIsValid(e->fxid)) {
-			free_entry = e;
-		}
+	if (my_entry != nullptr) {
+		my_entry->fxid = InvalidFullTransactionId;
 	}
-	if (free_entry != nullptr) {
-		*free_entry = WriterEntry{preparing_fxid, MyDatabaseId, mine != nullptr ? mine->lowest : kNoStamp};
-	}
-	if (mine != nullptr) {
-		mine->fxid = InvalidFullTransactionId;
+	if (reserved != nullptr && FullTransactionIdEquals(reserved->fxid, my_fxid)) {
+		reserved->fxid = InvalidFullTransactionId; // a PREPARE that failed after PRE_PREPARE
 	}
 	LWLockRelease(registry->lock);
-	my_entry_set = false;
-	preparing_fxid = InvalidFullTransactionId;
+	my_entry = nullptr;
+	reserved = nullptr;
+}
+
+// At PRE_PREPARE, where an ERROR still aborts the PREPARE: a prepared entry for the transaction,
+// also one that wrote no generation row (with no stamp), so that a claim can tell it from one
+// prepared before this server run. Filled now, so a claim sees the transaction in it from here on
+// (and in the backend's entry until PREPARE moves it). With no room (cannot happen: the live
+// entries are of other prepared transactions, fewer than max_prepared_xacts) there is none, and
+// the claim looks the transaction up like one prepared before this server run, which is safe.
+void
+ReservePreparedEntry() {
+	FullTransactionId fxid = GetTopFullTransactionIdIfAny();
+	if (!FullTransactionIdIsValid(fxid)) {
+		return; // no transaction id: it wrote nothing
+	}
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	reserved = FreePreparedEntry();
+	if (reserved != nullptr) {
+		*reserved = WriterEntry{fxid, MyDatabaseId, my_entry != nullptr ? my_entry->lowest : kNoStamp};
+	}
+	LWLockRelease(registry->lock);
+	my_fxid = fxid;
+}
+
+// After PREPARE (its record is written, the transaction is in progress as a prepared one): the
+// backend's entry goes, its stamp kept in the reserved one (a PRE_PREPARE callback that ran after
+// ours may have written the first row). Raises no ERROR.
+void
+MoveMyTransactionToPrepared() {
+	if (my_entry == nullptr && reserved == nullptr) {
+		return;
+	}
+	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
+	if (reserved != nullptr && my_entry != nullptr) {
+		reserved->lowest = Min(reserved->lowest, my_entry->lowest);
+	}
+	if (my_entry != nullptr) {
+		my_entry->fxid = InvalidFullTransactionId;
+	}
+	LWLockRelease(registry->lock);
+	my_entry = nullptr;
+	reserved = nullptr;
 }
 
 void
 OnTransactionEvent(XactEvent event, void *) {
 	switch (event) {
-	case XACT_EVENT_COMMIT: // after ProcArrayEndTransaction: the rows are visible
+	case XACT_EVENT_COMMIT:
 	case XACT_EVENT_PARALLEL_COMMIT:
 	case XACT_EVENT_ABORT:
 	case XACT_EVENT_PARALLEL_ABORT:
 		ClearMyTransaction();
-		preparing_fxid = InvalidFullTransactionId; // a PREPARE that failed after PRE_PREPARE
 		break;
 	case XACT_EVENT_PRE_PREPARE:
-		preparing_fxid = GetTopFullTransactionIdIfAny();
+		ReservePreparedEntry();
 		break;
 	case XACT_EVENT_PREPARE:
 		MoveMyTransactionToPrepared();
@@ -214,15 +240,10 @@ AdoptPrepared(Oid db, TransactionId xid, XLogRecPtr lowest) {
 		// Another claim adopted it meanwhile: the same answer.
 		kept = FullTransactionIdEquals(prepared[i].fxid, fxid);
 	}
-	for (int i = 0; i < registry->n_prepared_entries && !kept; i++) {
-		WriterEntry *e = &prepared[i];
-		if (FullTransactionIdIsValid(e->fxid) && !TransactionIdIsInProgress(XidFromFullTransactionId(e->fxid))) {
-			e->fxid = InvalidFullTransactionId;
-		}
-		if (!FullTransactionIdIsValid(e->fxid)) {
-			*e = WriterEntry{fxid, db, lowest};
-			kept = true;
-		}
+	WriterEntry *free_entry = kept ? nullptr : FreePreparedEntry();
+	if (free_entry != nullptr) {
+		*free_entry = WriterEntry{fxid, db, lowest};
+		kept = true;
 	}
 	LWLockRelease(registry->lock);
 	return kept;
@@ -283,7 +304,7 @@ GenerationColumns(Relation rel, AttrNumber *order_lsn, AttrNumber *writer) {
 XLogRecPtr
 StampOpenWriterRow() {
 	FullTransactionId top = GetTopFullTransactionId();
-	if (my_entry_set && FullTransactionIdEquals(my_fxid, top)) {
+	if (my_entry != nullptr && FullTransactionIdEquals(my_fxid, top)) {
 		return GetXLogInsertRecPtr();
 	}
 	WriterEntry *e = MyEntry();
@@ -295,7 +316,7 @@ StampOpenWriterRow() {
 	e->lowest = stamp;
 	LWLockRelease(registry->lock);
 	my_fxid = top;
-	my_entry_set = true;
+	my_entry = e;
 	return stamp;
 }
 
@@ -349,7 +370,8 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 		for (int j = 0; j < n_writers && !has_entry; j++) {
 			has_entry = TransactionIdEquals(XidFromFullTransactionId(writers[j].fxid), prepared[i]);
 		}
-		if (!has_entry && XidInMVCCSnapshot(prepared[i], snapshot)) {
+		// A read-only PREPARE has no transaction id (0 here): nothing of it to wait for.
+		if (!has_entry && TransactionIdIsNormal(prepared[i]) && XidInMVCCSnapshot(prepared[i], snapshot)) {
 			XLogRecPtr lowest = LowestStampOf(prepared[i], tables, n_tables);
 			if (!AdoptPrepared(db, prepared[i], lowest)) {
 				lowest = InvalidXLogRecPtr; // not kept: it may have rows anywhere
