@@ -195,10 +195,11 @@ struct GateName {
 };
 
 // The gates of this database's committers of many keys that marked one of these rows' stripes;
-// palloc'd, `*found` of them. A marker read while its owner marks or unmarks may be missed or
-// be found with another transaction's name: only a look that follows that committer's next
-// Exclusive lock has to find it (LockGlobalExclusive), and a wait at a gate that is not held ends
-// at once.
+// palloc'd, `*found` of them. A marker whose owner marks or unmarks while it is read is passed
+// over (the name read before its bits and after them must be the same, marked both times): only a
+// look that follows that committer's next Exclusive lock has to find it (LockGlobalExclusive),
+// and a name read with another transaction's bits would send the PREPARE to a gate that shares
+// none of its stripes.
 GateName *
 MarkersOf(const NotedRow *rows, Size count, Size *found) {
 	*found = 0;
@@ -213,15 +214,17 @@ MarkersOf(const NotedRow *rows, Size count, Size *found) {
 			continue;
 		}
 		pg_read_barrier();
-		if (m->database != MyDatabaseId) {
-			continue;
-		}
-		for (Size i = 0; i < count; i++) {
+		LocalTransactionId lxid = m->lxid;
+		Oid database = m->database;
+		pg_read_barrier();
+		bool hit = false;
+		for (Size i = 0; i < count && !hit; i++) {
 			uint32 bit = BulkMarkIndex(rows[i].key_hash);
-			if ((m->stripes[bit / 64] >> (bit % 64)) & 1) {
-				gates[(*found)++] = GateName{b, m->lxid};
-				break;
-			}
+			hit = (m->stripes[bit / 64] >> (bit % 64)) & 1;
+		}
+		pg_read_barrier();
+		if (hit && database == MyDatabaseId && pg_atomic_read_u32(&m->marking) != 0 && m->lxid == lxid) {
+			gates[(*found)++] = GateName{b, lxid};
 		}
 	}
 	return gates;
