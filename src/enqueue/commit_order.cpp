@@ -154,8 +154,12 @@ SetMarkerBits(BulkMarker *me, const NotedRow *rows, Size count, bool on) {
 void
 MarkStripes(const NotedRow *rows, Size count) {
 	BulkMarker *me = BulkMarkerOf(OutboxBackendIndex());
+	// The name before the bits, each after what came before it (the last unmark's clearing): a
+	// PREPARE reads them the other way round (MarkersOf).
+	pg_write_barrier();
 	me->database = MyDatabaseId;
 	me->lxid = OutboxLocalTransactionId();
+	pg_write_barrier();
 	SetMarkerBits(me, rows, count, true);
 	pg_write_barrier();
 	pg_atomic_write_u32(&me->marking, 1);
