@@ -9,28 +9,17 @@ import threading
 import psycopg
 import pytest
 
-from harness.pg_cluster import PgCluster
 from harness.wait import wait_until
-from test_open_writers import MODES, Relay, committed_ids, insert, lsn, set_up
-
-
-@pytest.fixture(scope="module")
-def pg():
-    with PgCluster(settings={"outbox.workers": "0", "max_prepared_transactions": "4"}) as cluster:
-        set_up(cluster)
-        yield cluster
+from test_open_writers import MODES, Relay, committed_ids, insert, lsn, reset
+from test_open_writers import pg  # noqa: F401 (fixture)
 
 
 @pytest.fixture(autouse=True)
 def empty(pg):
     yield
-    pg.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
-           "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
-    for (gid,) in pg.sql("SELECT gid FROM pg_prepared_xacts"):
-        pg.sql(f"ROLLBACK PREPARED '{gid}'")
     pg.sql("DROP TRIGGER IF EXISTS a_user ON gen")
     pg.sql("DROP TRIGGER IF EXISTS z_user ON gen")
-    pg.sql("TRUNCATE gen")
+    reset(pg)
 
 
 def finish(relay, pg):

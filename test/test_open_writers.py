@@ -44,15 +44,19 @@ def pg():
         yield cluster
 
 
-@pytest.fixture(autouse=True)
-def empty(pg):
-    yield
-    # What a failed test left behind: sessions in a transaction, prepared transactions.
+def reset(pg):
+    """What a test, failed or not, left behind: sessions in a transaction, prepared transactions, rows."""
     pg.sql("SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
            "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
     for (gid,) in pg.sql("SELECT gid FROM pg_prepared_xacts"):
         pg.sql(f"ROLLBACK PREPARED '{gid}'")
     pg.sql("TRUNCATE gen")
+
+
+@pytest.fixture(autouse=True)
+def empty(pg):
+    yield
+    reset(pg)
 
 
 MODES = ["horizon", "holes"]
