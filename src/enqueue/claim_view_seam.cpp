@@ -23,34 +23,43 @@ extern "C" {
 
 namespace {
 
-// The ids `query` returns (one array, maybe NULL) appended to ids[0 .. *n).
+// The ids `query` returns appended to ids[0 .. *n) (plain integers: they outlive SPI_finish).
 void
-AppendIds(const char *query, int nargs, Oid *types, Datum *args, Datum **ids, int *n, int *capacity) {
+AppendIds(const char *query, int nargs, Oid *types, Datum *args, int64 **ids, int *n, int *capacity) {
 	if (SPI_execute_with_args(query, nargs, types, args, nullptr, true, 0) != SPI_OK_SELECT) {
 		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox_test_claim: the claim query failed")));
 	}
 	for (uint64 i = 0; i < SPI_processed; i++) {
 		bool isnull;
-		Datum id = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull);
+		int64 id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
 		if (*n == *capacity) {
 			*capacity *= 2;
-			*ids = static_cast<Datum *>(repalloc(*ids, sizeof(Datum) * *capacity));
+			*ids = static_cast<int64 *>(repalloc(*ids, sizeof(int64) * *capacity)); // stays in its context
 		}
-		(*ids)[(*n)++] = id; // int8 is by value
+		(*ids)[(*n)++] = id;
 	}
 }
 
-Datum *
+uint64 *
 Elements(ArrayType *array, Oid type, int *n) {
 	Datum *values;
 	bool *nulls;
 	deconstruct_array(array, type, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &values, &nulls, n);
-	return values;
+	auto *out = static_cast<uint64 *>(palloc(sizeof(uint64) * (*n + 1)));
+	for (int i = 0; i < *n; i++) {
+		out[i] = DatumGetUInt64(values[i]);
+	}
+	return out;
 }
 
+// In the current memory context (the caller's, after SPI_finish).
 Datum
-ArrayOf(Datum *values, int n, Oid type) {
-	return PointerGetDatum(construct_array(values, n, type, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+ArrayOf(const uint64 *values, int n, Oid type) {
+	auto *datums = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+	for (int i = 0; i < n; i++) {
+		datums[i] = type == INT8OID ? Int64GetDatum(int64(values[i])) : UInt64GetDatum(values[i]);
+	}
+	return PointerGetDatum(construct_array(datums, n, type, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
 }
 
 } // namespace
@@ -59,10 +68,9 @@ OUTBOX_SQL_FUNCTION(outbox_test_claim) {
 	Oid table = PG_GETARG_OID(0);
 	XLogRecPtr cursor = PG_GETARG_LSN(1);
 	char *mode = text_to_cstring(PG_GETARG_TEXT_PP(2));
-	int n_holes;
-	Datum *hole_xids = Elements(PG_GETARG_ARRAYTYPE_P(3), XID8OID, &n_holes);
-	int n_froms;
-	Datum *hole_froms = Elements(PG_GETARG_ARRAYTYPE_P(4), PG_LSNOID, &n_froms);
+	int n_holes, n_froms;
+	uint64 *hole_xids = Elements(PG_GETARG_ARRAYTYPE_P(3), XID8OID, &n_holes);
+	uint64 *hole_froms = Elements(PG_GETARG_ARRAYTYPE_P(4), PG_LSNOID, &n_froms);
 	bool holes = strcmp(mode, "holes") == 0;
 	if ((!holes && strcmp(mode, "horizon") != 0 && strcmp(mode, "wal") != 0) || n_froms != n_holes) {
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("outbox_test_claim: bad arguments")));
@@ -87,21 +95,23 @@ OUTBOX_SQL_FUNCTION(outbox_test_claim) {
 	}
 	target = Max(target, cursor);
 	int n_ids = 0, capacity = 64;
-	auto *ids = static_cast<Datum *>(MemoryContextAlloc(outer, sizeof(Datum) * capacity));
-	auto *kept_xids = static_cast<Datum *>(MemoryContextAlloc(outer, sizeof(Datum) * (n_holes + view.n_open + 1)));
-	auto *kept_froms = static_cast<Datum *>(MemoryContextAlloc(outer, sizeof(Datum) * (n_holes + view.n_open + 1)));
+	auto *ids = static_cast<int64 *>(MemoryContextAlloc(outer, sizeof(int64) * capacity));
+	int n_room = n_holes + view.n_open + 1;
+	auto *kept_xids = static_cast<uint64 *>(MemoryContextAlloc(outer, sizeof(uint64) * n_room));
+	auto *kept_froms = static_cast<uint64 *>(MemoryContextAlloc(outer, sizeof(uint64) * n_room));
+	auto *open_xids = static_cast<uint64 *>(MemoryContextAlloc(outer, sizeof(uint64) * n_room));
 	int n_kept = 0;
 	PushActiveSnapshot(view.snapshot);
 	// Holes first: a committed one's rows lie below the cursor.
 	for (int i = 0; i < n_holes; i++) {
-		FullTransactionId fxid = FullTransactionIdFromU64(DatumGetUInt64(hole_xids[i]));
-		if (XidInMVCCSnapshot(XidFromFullTransactionId(fxid), view.snapshot)) {
+		if (outbox::InProgressIn(FullTransactionIdFromU64(hole_xids[i]), view.snapshot)) {
 			kept_xids[n_kept] = hole_xids[i];
 			kept_froms[n_kept++] = hole_froms[i];
 			continue;
 		}
 		Oid types[3] = {PG_LSNOID, PG_LSNOID, XID8OID};
-		Datum args[3] = {hole_froms[i], LSNGetDatum(cursor), hole_xids[i]};
+		Datum args[3] = {LSNGetDatum(hole_froms[i]), LSNGetDatum(cursor),
+		                 FullTransactionIdGetDatum(FullTransactionIdFromU64(hole_xids[i]))};
 		AppendIds(psprintf("SELECT id FROM %s WHERE order_lsn OPERATOR(pg_catalog.>=) $1 "
 		                   "AND order_lsn OPERATOR(pg_catalog.<) $2 AND writer OPERATOR(pg_catalog.=) $3 "
 		                   "ORDER BY order_lsn, id", name),
@@ -114,25 +124,24 @@ OUTBOX_SQL_FUNCTION(outbox_test_claim) {
 	          2, types, args, &ids, &n_ids, &capacity);
 	PopActiveSnapshot();
 	// The open writers the cursor passes become holes (those already holes stay as they were).
-	for (int i = 0; holes && i < view.n_open; i++) {
+	for (int i = 0; i < view.n_open; i++) {
+		uint64 fxid = U64FromFullTransactionId(view.open[i].fxid);
+		open_xids[i] = fxid;
 		bool known = false;
 		for (int j = 0; j < n_kept && !known; j++) {
-			known = DatumGetUInt64(kept_xids[j]) == U64FromFullTransactionId(view.open[i].fxid);
+			known = kept_xids[j] == fxid;
 		}
-		if (!known && view.open[i].lowest < target) {
-			kept_xids[n_kept] = FullTransactionIdGetDatum(view.open[i].fxid);
-			kept_froms[n_kept++] = LSNGetDatum(view.open[i].lowest);
+		if (holes && !known && view.open[i].lowest < target) {
+			kept_xids[n_kept] = fxid;
+			kept_froms[n_kept++] = view.open[i].lowest;
 		}
-	}
-	auto *open_xids = static_cast<Datum *>(MemoryContextAlloc(outer, sizeof(Datum) * (view.n_open + 1)));
-	for (int i = 0; i < view.n_open; i++) {
-		open_xids[i] = FullTransactionIdGetDatum(view.open[i].fxid);
 	}
 	int n_open = view.n_open;
 	UnregisterSnapshot(view.snapshot);
 	SPI_finish();
-	Datum values[5] = {LSNGetDatum(target), ArrayOf(ids, n_ids, INT8OID), ArrayOf(kept_xids, n_kept, XID8OID),
-	                   ArrayOf(kept_froms, n_kept, PG_LSNOID), ArrayOf(open_xids, n_open, XID8OID)};
+	Datum values[5] = {LSNGetDatum(target), ArrayOf(reinterpret_cast<uint64 *>(ids), n_ids, INT8OID),
+	                   ArrayOf(kept_xids, n_kept, XID8OID), ArrayOf(kept_froms, n_kept, PG_LSNOID),
+	                   ArrayOf(open_xids, n_open, XID8OID)};
 	bool nulls[5] = {false, false, false, false, false};
 	return HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(result_desc), values, nulls));
 }

@@ -227,7 +227,8 @@ MarkersOf(const NotedRow *rows, Size count, Size *found) {
 			hit = (m->stripes[bit / 64] >> (bit % 64)) & 1;
 		}
 		pg_read_barrier();
-		if (hit && database == MyDatabaseId && pg_atomic_read_u32(&m->marking) != 0 && m->lxid == lxid) {
+		if (hit && database == MyDatabaseId && pg_atomic_read_u32(&m->marking) != 0 && m->lxid == lxid &&
+		    m->database == database) {
 			gates[(*found)++] = GateName{b, lxid};
 		}
 	}

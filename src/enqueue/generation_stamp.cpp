@@ -29,5 +29,7 @@ OUTBOX_SQL_FUNCTION(outbox_generation_stamp) {
 	XLogRecPtr stamp = outbox::StampOpenWriterRow();
 	Datum values[2] = {LSNGetDatum(stamp), FullTransactionIdGetDatum(GetTopFullTransactionId())};
 	bool nulls[2] = {false, false};
-	return PointerGetDatum(heap_modify_tuple_by_cols(trigger->tg_trigtuple, RelationGetDescr(rel), 2, columns, values, nulls));
+	HeapTuple stamped =
+	    heap_modify_tuple_by_cols(trigger->tg_trigtuple, RelationGetDescr(rel), 2, columns, values, nulls);
+	return PointerGetDatum(stamped);
 }

@@ -1,9 +1,9 @@
 // The registry of open writers and the claim's horizon (DESIGN.md "The insert-only queue").
 //
 // One entry per backend (its open top-level transaction that inserted a generation row, if any)
-// and one per prepared transaction of this server run, all under one LWLock: a writer takes it
-// once per transaction (its first row), a claim once to read every entry, so that a claim sees an
-// entry either whole or not at all.
+// and one per prepared transaction of this server run, all under one LWLock: a writer takes it at
+// its first row (and reads its first stamp under it), at its end, and at PRE_PREPARE and PREPARE;
+// a claim once to read every entry, so that a claim sees an entry either whole or not at all.
 //
 // Why a claim that read the WAL insert position W, then the registry, then took the snapshot S
 // may take every row visible in S with a stamp below its horizon (the least of W and of the
@@ -11,10 +11,10 @@
 // up later: let T commit a row r with stamp s below the horizon after S, so T is in progress in S.
 // If the claim saw T's entry, the horizon is at most T's lowest stamp, which is at most s. If not,
 // T wrote its entry after the claim read the registry, so after the claim read W, and read every
-// one of its stamps after writing the entry: s >= W (WAL positions only grow). T prepared: its
-// entry moved to the prepared array in the same locked step that cleared its backend's, or (no
-// room, or prepared before this server run) it has none and pg_prepared_xact() names it: the claim
-// reads its lowest stamp from its rows (it writes none once prepared) and keeps that as its entry.
+// one of its stamps after writing the entry: s >= W (WAL positions only grow). T prepared: it has
+// an entry in the prepared array from PRE_PREPARE on (its backend's goes at PREPARE), or (no room,
+// or prepared before this server run) none, and pg_prepared_xact() names it: the claim reads its
+// lowest stamp from its rows (it writes none once prepared) and keeps that as its entry.
 // The same argument, put the other way: a row below W that S does not show and that will still be
 // committed is a row of a writer in the view (in progress in S), at or above its lowest stamp. So a
 // claim may also pass W if it keeps those writers as holes (DESIGN.md) and walks each one's rows
@@ -85,6 +85,8 @@ MyEntry() {
 	return &registry->entries[index];
 }
 
+bool MayBeRunning(FullTransactionId fxid, FullTransactionId oldest);
+
 // Under the lock, exclusive: a free prepared entry, or nullptr. An entry of a prepared transaction
 // that ended since (COMMIT/ROLLBACK PREPARED, run by any backend: no callback tells this one) is
 // free again; that is looked up (it may raise an ERROR) only when no entry is free.
@@ -96,8 +98,12 @@ FreePreparedEntry() {
 			return &prepared[i];
 		}
 	}
+	// 2^31 transactions older than the next one: ended (nothing older can still run).
+	FullTransactionId oldest = FullTransactionIdFromU64(
+	    Max(U64FromFullTransactionId(ReadNextFullTransactionId()), uint64(1) << 31) - (uint64(1) << 31));
 	for (int i = 0; i < registry->n_prepared_entries; i++) {
-		if (!TransactionIdIsInProgress(XidFromFullTransactionId(prepared[i].fxid))) {
+		if (!MayBeRunning(prepared[i].fxid, oldest) ||
+		    !TransactionIdIsInProgress(XidFromFullTransactionId(prepared[i].fxid))) {
 			prepared[i].fxid = InvalidFullTransactionId;
 			return &prepared[i];
 		}
@@ -127,14 +133,14 @@ ClearMyTransaction() {
 // At PRE_PREPARE, where an ERROR still aborts the PREPARE: a prepared entry for the transaction,
 // also one that wrote no generation row (with no stamp), so that a claim can tell it from one
 // prepared before this server run. Filled now, so a claim sees the transaction in it from here on
-// (and in the backend's entry until PREPARE moves it). With no room (cannot happen: the live
-// entries are of other prepared transactions, fewer than max_prepared_xacts) there is none, and
-// the claim looks the transaction up like one prepared before this server run, which is safe.
+// (and in the backend's entry until PREPARE moves it). With no room (the other entries are of
+// prepared transactions, and of PREPAREs that reserved theirs and may still fail) there is none,
+// and the claim looks the transaction up like one prepared before this server run: safe.
 void
 ReservePreparedEntry() {
 	FullTransactionId fxid = GetTopFullTransactionIdIfAny();
 	if (!FullTransactionIdIsValid(fxid)) {
-		return; // no transaction id: it wrote nothing
+		return; // PrepareTransaction assigns one before PRE_PREPARE: not expected
 	}
 	LWLockAcquire(registry->lock, LW_EXCLUSIVE);
 	reserved = FreePreparedEntry();
@@ -197,6 +203,14 @@ WidenRecentXid(TransactionId xid) {
 	return FullTransactionIdFromEpochAndXid(epoch, xid);
 }
 
+// Whether `fxid` is recent enough for the 32-bit tests (XidInMVCCSnapshot, TransactionIdIsInProgress)
+// to mean it: an entry left for 2^31 transactions (a prepared one that ended while no PREPARE came
+// to free its entry) would look newer than every snapshot, and in progress for ever.
+bool
+MayBeRunning(FullTransactionId fxid, FullTransactionId oldest) {
+	return !FullTransactionIdPrecedes(fxid, oldest);
+}
+
 // The lowest stamp among the rows of prepared transaction `xid` in `tables` (kNoStamp: none).
 // Every row version, whatever its visibility (SnapshotAny): the transaction is prepared, so it
 // writes no more rows, and a row of it that a snapshot would not show (deleted by itself, of an
@@ -205,6 +219,8 @@ WidenRecentXid(TransactionId xid) {
 XLogRecPtr
 LowestStampOf(TransactionId xid, const Oid *tables, int n_tables) {
 	XLogRecPtr lowest = kNoStamp;
+	uint64 writer_wanted = U64FromFullTransactionId(WidenRecentXid(xid));
+	ereport(DEBUG1, (errmsg_internal("outbox: looking up the rows of prepared transaction %u", xid)));
 	for (int t = 0; t < n_tables; t++) {
 		Relation rel = table_open(tables[t], AccessShareLock);
 		AttrNumber lsn_att, writer_att;
@@ -216,8 +232,7 @@ LowestStampOf(TransactionId xid, const Oid *tables, int n_tables) {
 			bool writer_null, lsn_null;
 			Datum writer = slot_getattr(slot, writer_att, &writer_null);
 			Datum stamp = slot_getattr(slot, lsn_att, &lsn_null);
-			if (!writer_null && !lsn_null &&
-			    TransactionIdEquals(XidFromFullTransactionId(FullTransactionIdFromU64(DatumGetUInt64(writer))), xid)) {
+			if (!writer_null && !lsn_null && DatumGetUInt64(writer) == writer_wanted) {
 				lowest = Min(lowest, DatumGetLSN(stamp));
 			}
 		}
@@ -361,7 +376,7 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 	auto *open = static_cast<OpenWriter *>(palloc(sizeof(OpenWriter) * Max(uint64(n_writers) + n_prepared, uint64(1))));
 	int n_open = 0;
 	for (int i = 0; i < n_writers; i++) {
-		if (XidInMVCCSnapshot(XidFromFullTransactionId(writers[i].fxid), snapshot) && writers[i].lowest != kNoStamp) {
+		if (InProgressIn(writers[i].fxid, snapshot) && writers[i].lowest != kNoStamp) {
 			open[n_open++] = writers[i];
 		}
 	}
@@ -370,12 +385,10 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 		for (int j = 0; j < n_writers && !has_entry; j++) {
 			has_entry = TransactionIdEquals(XidFromFullTransactionId(writers[j].fxid), prepared[i]);
 		}
-		// A read-only PREPARE has no transaction id (0 here): nothing of it to wait for.
-		if (!has_entry && TransactionIdIsNormal(prepared[i]) && XidInMVCCSnapshot(prepared[i], snapshot)) {
+		if (!has_entry && XidInMVCCSnapshot(prepared[i], snapshot)) {
+			// Exact (it writes no more rows); without room it is only not kept, and looked up again.
 			XLogRecPtr lowest = LowestStampOf(prepared[i], tables, n_tables);
-			if (!AdoptPrepared(db, prepared[i], lowest)) {
-				lowest = InvalidXLogRecPtr; // not kept: it may have rows anywhere
-			}
+			(void)AdoptPrepared(db, prepared[i], lowest);
 			if (lowest != kNoStamp) {
 				open[n_open++] = OpenWriter{WidenRecentXid(prepared[i]), lowest, true};
 			}
@@ -384,6 +397,12 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 	pfree(writers);
 	pfree(prepared);
 	return ClaimView{wal_insert, snapshot, open, n_open};
+}
+
+bool
+InProgressIn(FullTransactionId fxid, Snapshot snapshot) {
+	return MayBeRunning(fxid, WidenRecentXid(snapshot->xmin)) &&
+	       XidInMVCCSnapshot(XidFromFullTransactionId(fxid), snapshot);
 }
 
 XLogRecPtr

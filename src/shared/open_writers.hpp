@@ -37,7 +37,8 @@ OpenWriter *ReadOpenWriters(Oid db, int *count);
 // in progress in `snapshot` but those can commit a row below `wal_insert`, and none of those a row
 // below its `lowest` (the argument is in the .cpp and in DESIGN.md). The caller is connected to
 // SPI (the prepared transactions are read from pg_prepared_xact()) and unregisters the snapshot.
-// `tables` are the generation tables the claim walks: a prepared transaction without an entry
+// `tables` are every generation table of the database (the entry kept stands for all of them):
+// a prepared transaction without an entry
 // (prepared before this server run: a restart, a crash recovery, a promotion) is looked up in them
 // once, its lowest stamp or "no row" kept as its entry from then on.
 struct ClaimView {
@@ -48,6 +49,10 @@ struct ClaimView {
 };
 
 ClaimView TakeClaimView(Oid db, const Oid *tables, int n_tables);
+
+// Whether the transaction is in progress in `snapshot`, by its full id (an id left for 2^31
+// transactions would pass the 32-bit test as newer than every snapshot).
+bool InProgressIn(FullTransactionId fxid, Snapshot snapshot);
 
 // The safe horizon: rows visible in the view's snapshot below it are final (no row below it can
 // still be committed). The least of wal_insert and the open writers' lowest stamps.
