@@ -66,6 +66,16 @@ def gone(pg, gid):
     return not pg.value("SELECT count(*) FROM pg_prepared_xacts WHERE gid = %s", (gid,))
 
 
+def end_left(pg, gids, threads, how="COMMIT"):
+    """After a test, passed or not: ends the prepared transactions still there, joins the threads."""
+    for g in gids:
+        if not gone(pg, g):
+            pg.sql(f"{how} PREPARED '{g}'")
+    for t in threads:
+        if t is not None:
+            t.thread.join(60)
+
+
 # -- a prepare gate per waiting bulk commit (it was one lock for all of them) ----------------------
 
 def test_a_prepare_waits_only_for_the_bulk_commit_whose_stripe_it_shares(pg, topic):
@@ -153,12 +163,7 @@ def test_a_prepare_waits_for_every_bulk_commit_that_marked_its_stripe(pg, topic)
             c_second.join()
             preparing.join()
         finally:
-            for g in (gk, gj):
-                if not gone(pg, g):
-                    pg.sql(f"COMMIT PREPARED '{g}'")
-            for t in (c1, c2, preparing):
-                if t is not None:
-                    t.thread.join(60)
+            end_left(pg, (gk, gj), (c1, c2, preparing))
             if not gone(pg, gp):
                 pg.sql(f"COMMIT PREPARED '{gp}'")
     assert published_order(pg, topic, "s") == [first, second, "P"]
@@ -269,12 +274,7 @@ def test_prepare_and_rollback_prepared_in_a_loop_do_not_starve_a_bulk_commit(pg,
             committer.join()
             prep2.join()
         finally:
-            for g in (g0, g1):
-                if not gone(pg, g):
-                    pg.sql(f"ROLLBACK PREPARED '{g}'")
-            for t in (prep1, committer, prep2):
-                if t is not None:
-                    t.thread.join(60)
+            end_left(pg, (g0, g1), (prep1, committer, prep2), "ROLLBACK")
         pg.sql(f"COMMIT PREPARED '{g2}'")
     assert published_order(pg, topic, "k1") == ["M", "P2"]
     assert published_order(pg, topic, "k2") == ["M"]
