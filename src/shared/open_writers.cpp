@@ -335,6 +335,10 @@ StampOpenWriterRow() {
 	return stamp;
 }
 
+namespace {
+
+// The entries of database `db` (backends' and prepared transactions'), palloc'd in the current
+// memory context; *count gets their number.
 OpenWriter *
 ReadOpenWriters(Oid db, int *count) {
 	int total = registry->n_backend_entries + registry->n_prepared_entries;
@@ -344,13 +348,15 @@ ReadOpenWriters(Oid db, int *count) {
 	for (int i = 0; i < total; i++) {
 		const WriterEntry &e = registry->entries[i];
 		if (FullTransactionIdIsValid(e.fxid) && e.database == db) {
-			out[n++] = OpenWriter{e.fxid, e.lowest, i >= registry->n_backend_entries};
+			out[n++] = OpenWriter{e.fxid, e.lowest};
 		}
 	}
 	LWLockRelease(registry->lock);
 	*count = n;
 	return out;
 }
+
+} // namespace
 
 ClaimView
 TakeClaimView(Oid db, const Oid *tables, int n_tables) {
@@ -390,7 +396,7 @@ TakeClaimView(Oid db, const Oid *tables, int n_tables) {
 			XLogRecPtr lowest = LowestStampOf(prepared[i], tables, n_tables);
 			(void)AdoptPrepared(db, prepared[i], lowest);
 			if (lowest != kNoStamp) {
-				open[n_open++] = OpenWriter{WidenRecentXid(prepared[i]), lowest, true};
+				open[n_open++] = OpenWriter{WidenRecentXid(prepared[i]), lowest};
 			}
 		}
 	}

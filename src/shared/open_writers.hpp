@@ -12,7 +12,6 @@ namespace outbox {
 struct OpenWriter {
 	FullTransactionId fxid;
 	XLogRecPtr lowest; // every stamp of the transaction is at or above it
-	bool prepared;
 };
 
 // The registry's memory and lock, asked for and attached by shmem.cpp's hooks (the second under
@@ -27,10 +26,6 @@ void RegisterOpenWritersCallbacks();
 // the entry read its own WAL position before this one). The first call of a top-level
 // transaction writes the entry; later calls only read the position.
 XLogRecPtr StampOpenWriterRow();
-
-// The entries of database `db` (backends' and prepared transactions'), palloc'd in the current
-// memory context; *count gets their number.
-OpenWriter *ReadOpenWriters(Oid db, int *count);
 
 // What a claim of database `db` sees: the WAL insert position, then (read after it) the open
 // writers of the database that are in progress in `snapshot`, then the snapshot. No transaction
