@@ -53,11 +53,13 @@ FULL = {
     "latency_seconds": 60, "latency_interval_ms": 20, "latency_baseline_seconds": 30,
     "pgbench_seconds": 12, "pgbench_clients": [1, 4],
     "memory_events": 1_000_000,
-    "health_seconds": 1200, "health_rate": 500, "health_retention": "10s",
+    # Issue 16 item 4: 30 minutes at 2,000 events/s (--health-minutes, --health-rate).
+    "health_seconds": 1800, "health_rate": 2000, "health_retention": "10s",
     "rtt_ms": 5,
     "burst_drain_events": 100_000, "burst_drain_keys": 1000,
     "burst_drain_rtts_ms": [0, 5, 20], "burst_drain_workers": [1, 2, 4],
     "wal_events": 20_000, "wal_per_transaction": 100, "wal_keys": 1000,
+    "wal_preview_deadline_s": 300,   # the 0.4.0 relay publishes the events within this, or the cell is skipped
 }
 QUICK = {
     "drain_events": 3000, "many_keys": 100, "hot_keys": 10,
@@ -74,6 +76,7 @@ QUICK = {
     "burst_drain_events": 100_000, "burst_drain_keys": 1000,
     "burst_drain_rtts_ms": [5], "burst_drain_workers": [1],
     "wal_events": 2000, "wal_per_transaction": 100, "wal_keys": 100,
+    "wal_preview_deadline_s": 60,
 }
 
 # The design-independent floors (sql_floor.py): system -> bench.floor_claim mode.
@@ -92,6 +95,10 @@ class Bench:
             self.sizes["health_seconds"] = round(args.health_minutes * 60)
         if args.burst_events is not None:
             self.sizes["burst_drain_events"] = args.burst_events
+        if args.health_rate is not None:
+            self.sizes["health_rate"] = args.health_rate
+        if args.wal_events is not None:
+            self.sizes["wal_events"] = args.wal_events
         self.runs = args.runs if args.runs else (1 if args.quick else 3)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -776,22 +783,27 @@ class Bench:
         return res
 
     def table_health_run(self, r):
-        """Size of outbox.events and its indexes over time under a steady enqueue rate."""
+        """Size of the extension's tables and their indexes (every table of schema outbox:
+        0.3.0's events; 0.4.0's members, landed, event_state, ...) over time under a steady
+        enqueue rate with retention on and autovacuum at its defaults."""
         s = self.sizes
         db = self.db
         self.prepare("outbox", 1, s["rtt_ms"], retention=s["health_retention"])
         topic = self.mock.new_topic(f"health-r{r}")
         rate = s["health_rate"]
-        per_tx = 10
+        per_tx = max(10, rate // 100)  # at most 100 commits a second (each waits for its WAL flush)
         interval = per_tx / rate
         samples = []
-        sizes_sql = ("SELECT pg_relation_size('outbox.events'), pg_indexes_size('outbox.events'), "
-                     "pg_total_relation_size('outbox.events'), "
+        tables = "FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'r'"
+        stats = "FROM pg_stat_user_tables WHERE schemaname = 'outbox'"
+        sizes_sql = (f"SELECT (SELECT sum(pg_relation_size(c.oid)) {tables}), "
+                     f"(SELECT sum(pg_indexes_size(c.oid)) {tables}), "
+                     f"(SELECT sum(pg_total_relation_size(c.oid)) {tables}), "
                      "(SELECT count(*) FROM outbox.events), "
                      "(SELECT count(*) FROM outbox.events WHERE status <> 'published'), "
-                     "n_dead_tup, autovacuum_count, vacuum_count, "
-                     "(SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM outbox.workers) "
-                     "FROM pg_stat_user_tables WHERE relid = 'outbox.events'::regclass")
+                     f"(SELECT sum(n_dead_tup) {stats}), (SELECT sum(autovacuum_count) {stats}), "
+                     f"(SELECT sum(vacuum_count) {stats}), "
+                     "(SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM outbox.workers)")
         enqueued = 0
         try:
             with db.connect(autocommit=False) as c, db.connect() as mon:
@@ -811,10 +823,10 @@ class Bench:
                     el = time.monotonic() - start
                     if el >= next_sample:
                         row = mon.execute(sizes_sql).fetchone()
-                        samples.append({"t": round(el, 1), "table_bytes": row[0], "index_bytes": row[1],
-                                        "total_bytes": row[2], "rows": row[3], "unpublished": row[4],
-                                        "dead_tuples": row[5], "autovacuums": row[6], "enqueued": enqueued,
-                                        "worker": row[8]})
+                        samples.append({"t": round(el, 1), "table_bytes": int(row[0]), "index_bytes": int(row[1]),
+                                        "total_bytes": int(row[2]), "rows": row[3], "unpublished": row[4],
+                                        "dead_tuples": int(row[5] or 0), "autovacuums": int(row[6] or 0),
+                                        "vacuums": int(row[7] or 0), "enqueued": enqueued, "worker": row[8]})
                         next_sample += 5.0
             common.wait_until(lambda: db.value(
                 "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "health drained")
@@ -827,12 +839,15 @@ class Bench:
             return max(xs) if xs else None
         mid, last = peak(third, 2 * third), peak(2 * third, s["health_seconds"] + 1)
         res = {"run": r, "events": enqueued, "rate": rate, "seconds": s["health_seconds"],
+               "achieved_rate": round(enqueued / s["health_seconds"], 1), "per_transaction": per_tx,
+               "tables": [t for (t,) in db.sql("SELECT relname FROM pg_class WHERE relnamespace = "
+                                               "'outbox'::regnamespace AND relkind = 'r' ORDER BY 1")],
                "retention": s["health_retention"], "purge_interval_s": 60, "samples": samples,
                "peak_total_mb_middle_third": round(mid / 1048576, 2) if mid else None,
                "peak_total_mb_last_third": round(last / 1048576, 2) if last else None,
                "growth_last_vs_middle_pct": round(100 * (last / mid - 1), 1) if mid and last else None,
                "final_rows": samples[-1]["rows"] if samples else None}
-        log(f"  table health run {r}: {enqueued} events at {rate}/s with retention {s['health_retention']}: "
+        log(f"  table health run {r}: {enqueued} events at {rate}/s (achieved {res['achieved_rate']}/s) with retention {s['health_retention']}: "
             f"peak table+index {res['peak_total_mb_middle_third']} MB in the middle third, "
             f"{res['peak_total_mb_last_third']} MB in the last third")
         return res
@@ -914,7 +929,11 @@ def main():
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(WORKLOADS))
     ap.add_argument("--health-minutes", type=float, default=None,
-                    help="table_health duration per run (default 20 minutes; --quick 20 s)")
+                    help="table_health duration per run (default 30 minutes; --quick 20 s)")
+    ap.add_argument("--health-rate", type=int, default=None,
+                    help="table_health: events per second offered (default 2,000; --quick 200)")
+    ap.add_argument("--wal-events", type=int, default=None,
+                    help="wal_cost: events per shape and run (default 20,000; --quick 2,000)")
     ap.add_argument("--burst-events", type=int, default=None,
                     help="events per burst_4topic / burst_1topic run (default 100,000)")
     ap.add_argument("--burst-rtts", default=None, help="burst workloads: RTTs in ms, e.g. 5,20 (default 0,5,20)")

@@ -162,7 +162,7 @@ def burst_drains(results, out):
 
 STEP_COLORS = {"enqueue": "tab:blue", "write": "tab:blue", "publish": "tab:orange", "purge": "tab:red",
                "vacuum": "tab:gray"}
-WAL_LABELS = {"outbox": "outbox", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
+WAL_LABELS = {"outbox": "outbox", "outbox_040": "outbox 0.4.0\npreview", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
 
 
 def wal_cost(results, out):
@@ -173,7 +173,7 @@ def wal_cost(results, out):
     fig, axes = plt.subplots(1, len(summary), figsize=(5 * len(summary), 4.5), sharey=True, squeeze=False)
     titles = {"shape": "checkpoint before each shape", "steps": "checkpoint before every step"}
     for ax, (checkpoint, by_shape) in zip(axes[0], summary.items()):
-        shapes = [s for s in ("outbox", "debezium", "plain") if s in by_shape]
+        shapes = [s for s in ("outbox", "outbox_040", "debezium", "plain") if s in by_shape]
         labelled = set()
         for i, shape in enumerate(shapes):
             bottom = 0

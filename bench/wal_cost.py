@@ -8,7 +8,17 @@ on the same server in the same run:
 - debezium: the Debezium outbox pattern: INSERT into a five-column outbox table and DELETE in
   the same transaction (the connector reads the INSERT from the WAL), then the VACUUM;
 - plain: INSERT of the same columns into a table with a bigint primary key (the floor), then
-  the VACUUM (it sets the visibility map; nothing is dead).
+  the VACUUM (it sets the visibility map; nothing is dead);
+- outbox_040: the same steps as outbox on the 0.4.0 preview schema (`CREATE EXTENSION outbox
+  VERSION '0.4.0'` in a database of its own, bench_preview), counted over every table of schema
+  outbox (members events_0..3, landed, event_state, cursors, ring, ring_start). Skipped, with the
+  reason printed and kept in the results ("skipped"), when the installed extension has no 0.4.0
+  script or its relay does not publish the events within a deadline: never faked.
+
+Per run: WAL per step, dead tuples per event (n_dead_tup after the run, before the VACUUM step,
+summed over the shape's tables, and per table), autovacuum's work on the shape's tables
+(pg_stat_user_tables' counts, and from the server log, log_autovacuum_min_duration = 0: runs,
+pages scanned and removed, tuples removed, its WAL).
 
 Each shape runs the same events: `events` in transactions of `per_transaction` over `keys`
 keys, about 150 bytes of JSON each. Two checkpoint placements, both counted: a CHECKPOINT before
@@ -21,6 +31,7 @@ enqueued, as in a backlog; nothing else writes to the cluster meanwhile (the WAL
 the cluster's, so any other writer would be counted too). Autovacuum keeps its defaults: its
 runs during a step are counted in that step (and reported).
 """
+import os
 import re
 import subprocess
 import time
@@ -28,7 +39,16 @@ import time
 import common
 from common import log, median
 
-SHAPES = ("outbox", "debezium", "plain")
+SHAPES = ("outbox", "outbox_040", "debezium", "plain")
+# The extension's shapes: "outbox" is the installed default version (0.3.0); "outbox_040" the
+# 0.4.0 preview (CREATE EXTENSION outbox VERSION '0.4.0', in a database of its own), skipped with
+# the reason when the installed extension has no 0.4.0 script or its relay does not publish.
+OUTBOX_SHAPES = ("outbox", "outbox_040")
+PREVIEW = "0.4.0"
+PREVIEW_DB = "bench_preview"
+# The 0.4.0 tables of the contract (the counts sum over every table of schema outbox anyway).
+PREVIEW_TABLES = ("outbox.events_0", "outbox.events_1", "outbox.events_2", "outbox.events_3", "outbox.landed",
+                  "outbox.event_state", "outbox.cursors")
 CHECKPOINTS = ("shape", "steps")
 
 PAYLOAD_SQL = ("jsonb_build_object('event', 'invoice.paid', 'invoice_id', 'inv-' || i, "
@@ -54,7 +74,7 @@ CREATE TABLE bench.plain_outbox (
     type varchar(255) NOT NULL,
     payload jsonb)"""
 
-TABLES = {"outbox": "outbox.events", "debezium": "bench.debezium_outbox", "plain": "bench.plain_outbox"}
+TABLES = {"outbox": "outbox.events", "outbox_040": "outbox.events_0", "debezium": "bench.debezium_outbox", "plain": "bench.plain_outbox"}
 
 WALDUMP_LINE = re.compile(r"^(\S+/\S+)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)")
 
@@ -62,7 +82,7 @@ WALDUMP_LINE = re.compile(r"^(\S+/\S+)\s+(\d+)\s+\(\s*[\d.]+\)\s+(\d+)\s+\(\s*[\
 def write_sql(shape, keys, lo, hi, topic="invoice"):
     """One transaction's statement for events lo..hi of `shape`."""
     events = EVENTS_SQL.format(keys=keys, lo=lo, hi=hi)
-    if shape == "outbox":
+    if shape in OUTBOX_SHAPES:
         return f"SELECT count(outbox.enqueue('{topic}', k, {PAYLOAD_SQL})) FROM ({events}) s"
     if shape == "debezium":
         return (f"WITH ins AS (INSERT INTO bench.debezium_outbox (id, aggregatetype, aggregateid, type, payload) "
@@ -111,57 +131,179 @@ class WalMeter:
         return kinds
 
 
-def table_stats(db, table):
-    schema, name = table.split(".")
-    db.sql("SELECT pg_stat_clear_snapshot()")
-    row = db.sql("SELECT n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, n_dead_tup, autovacuum_count, "
-                 "vacuum_count, pg_total_relation_size(relid) FROM pg_stat_user_tables "
-                 "WHERE schemaname = %s AND relname = %s", (schema, name))[0]
+class Skipped(Exception):
+    """A cell that cannot be measured here (the reason is printed and recorded, nothing faked)."""
+
+
+def tables_of(shape):
+    """pg_stat_user_tables rows a shape's counts sum over: every table of schema outbox for the
+    extension (0.3.0: events, consumed; 0.4.0: events_0..3, landed, event_state, cursors, ring,
+    ring_start), the one table for the baselines."""
+    if shape in OUTBOX_SHAPES:
+        return "schemaname = 'outbox'", ()
+    schema, name = TABLES[shape].split(".")
+    return "schemaname = %s AND relname = %s", (schema, name)
+
+
+def table_stats(db, shape, dbname=None):
+    """Sums over the shape's tables, plus each table's dead tuples (by_table)."""
+    where, params = tables_of(shape)
+    with db.pg.connect(dbname) as c:
+        c.execute("SELECT pg_stat_clear_snapshot()")
+        rows = c.execute("SELECT schemaname || '.' || relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del, "
+                         "n_dead_tup, autovacuum_count, vacuum_count, pg_total_relation_size(relid) "
+                         f"FROM pg_stat_user_tables WHERE {where} ORDER BY 1", params).fetchall()
+    if not rows:
+        raise RuntimeError(f"wal_cost {shape}: no table in pg_stat_user_tables ({where} {params})")
     keys = ("ins", "upd", "hot_upd", "del", "dead", "autovacuums", "vacuums", "total_bytes")
-    return dict(zip(keys, (int(v) for v in row)))
+    out = {k: sum(int(r[i + 1]) for r in rows) for i, k in enumerate(keys)}
+    out["by_table"] = {r[0]: {"dead": int(r[5]), "upd": int(r[2]), "del": int(r[4]), "total_bytes": int(r[8])}
+                       for r in rows}
+    return out
 
 
-def stats_settled(db, table, field, at_least, timeout=30):
+def stats_settled(db, shape, field, at_least, dbname=None, timeout=30):
     """Table statistics once `field` reached `at_least` (backends report their counts at the end
     of a transaction, workers when idle: up to a second or so later)."""
     try:
-        common.wait_until(lambda: table_stats(db, table)[field] >= at_least, timeout, f"{table} {field} counted")
+        common.wait_until(lambda: table_stats(db, shape, dbname)[field] >= at_least, timeout,
+                          f"{shape} {field} counted")
     except Exception:
-        log(f"  {table}: {field} never reached {at_least} in the statistics; reported as it is")
-    return table_stats(db, table)
+        log(f"  {shape}: {field} never reached {at_least} in the statistics; reported as it is")
+    return table_stats(db, shape, dbname)
 
 
-def relay_paused(db, paused):
+# PostgreSQL 15's autovacuum log entry (log_autovacuum_min_duration = 0, bench settings).
+AUTOVACUUM_ENTRY = re.compile(r'automatic vacuum of table "([^"]+)"')
+AUTOVACUUM_PAGES = re.compile(r"pages: (\d+) removed, (\d+) remain, (\d+) scanned")
+AUTOVACUUM_TUPLES = re.compile(r"tuples: (\d+) removed")
+AUTOVACUUM_WAL = re.compile(r"WAL usage: (\d+) records, (\d+) full page images, (\d+) bytes")
+
+
+class AutovacuumLog:
+    """Autovacuum's work on a shape's tables from the server log between two points: runs, pages
+    scanned and removed, tuples removed, the WAL it wrote (its WAL is in the steps' WAL already)."""
+
+    def __init__(self, db):
+        self.path = db.pg.log_path
+        self.start = os.path.getsize(self.path)
+
+    def work(self, prefix):
+        """prefix: "db.schema." or "db.schema.table" of the tables that count."""
+        with open(self.path, errors="replace") as f:
+            f.seek(self.start)
+            text = f.read()
+        out = {"runs": 0, "pages_scanned": 0, "pages_removed": 0, "tuples_removed": 0, "wal_bytes": 0, "tables": {}}
+        entries = AUTOVACUUM_ENTRY.split(text)
+        # split: [before, table1, body1, table2, body2, ...]; a body runs to the next log line
+        # that is not a continuation (the entry's own lines are tab-indented).
+        for table, body in zip(entries[1::2], entries[2::2]):
+            if not (table == prefix or (prefix.endswith(".") and table.startswith(prefix))):
+                continue
+            lines = [body.split("\n", 1)[0]]
+            for line in body.split("\n")[1:]:
+                if not line.startswith("\t"):
+                    break
+                lines.append(line)
+            entry = "\n".join(lines)
+            out["runs"] += 1
+            out["tables"][table] = out["tables"].get(table, 0) + 1
+            if m := AUTOVACUUM_PAGES.search(entry):
+                out["pages_removed"] += int(m.group(1))
+                out["pages_scanned"] += int(m.group(3))
+            if m := AUTOVACUUM_TUPLES.search(entry):
+                out["tuples_removed"] += int(m.group(1))
+            if m := AUTOVACUUM_WAL.search(entry):
+                out["wal_bytes"] += int(m.group(3))
+        return out
+
+
+def relay_paused(db, paused, dbname="postgres", n_workers=None):
     """The database's relay workers off (paused) or back at the server's outbox.workers; the
     launcher applies a per-database count without a restart (no checkpoint in between)."""
     if paused:
-        db.sql("ALTER DATABASE postgres SET outbox.workers = 0")
-        common.wait_until(lambda: not any(r[1] for r in db.pg.workers()), 60, "relay workers stopped")
+        db.sql(f'ALTER DATABASE "{dbname}" SET outbox.workers = 0')
+        common.wait_until(lambda: not any(r[1] for r in db.pg.sql(
+            "SELECT worker, pid FROM outbox.workers", dbname=dbname)), 60, f"relay workers of {dbname} stopped")
     else:
-        db.sql("ALTER DATABASE postgres RESET outbox.workers")
-        db.pg.wait_workers_running(db.workers, timeout=60)
+        db.sql(f'ALTER DATABASE "{dbname}" RESET outbox.workers')
+        if dbname == "postgres":
+            db.pg.wait_workers_running(db.workers, timeout=60)
+
+
+def preview_available(db):
+    """None when CREATE EXTENSION outbox VERSION '0.4.0' can be tried, else why not."""
+    if not db.value("SELECT count(*) FROM pg_available_extension_versions WHERE name = 'outbox' AND version = %s",
+                    (PREVIEW,)):
+        installed = ", ".join(v for (v,) in db.sql(
+            "SELECT version FROM pg_available_extension_versions WHERE name = 'outbox' ORDER BY version"))
+        return (f"the installed extension has no {PREVIEW} script (versions available: {installed}); "
+                f"the preview is built on branches s12-b (schema) and s12-d (relay)")
+    return None
+
+
+def preview_published(db):
+    """Events the 0.4.0 relay published: ids named by outbox.landed (the contract's definition:
+    published when a landed row names it)."""
+    return int(db.pg.value("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox.landed", dbname=PREVIEW_DB))
+
+
+def preview_database(db):
+    """A database of its own with CREATE EXTENSION outbox VERSION '0.4.0' and its relay paused
+    (outbox.workers = 0 for it before the extension exists, so no worker starts at the commit)."""
+    db.sql(f'DROP DATABASE IF EXISTS "{PREVIEW_DB}" WITH (FORCE)')
+    db.sql(f'CREATE DATABASE "{PREVIEW_DB}"')
+    db.sql(f'ALTER DATABASE "{PREVIEW_DB}" SET outbox.workers = 0')
+    try:
+        db.pg.sql(f"CREATE EXTENSION outbox VERSION '{PREVIEW}'", dbname=PREVIEW_DB)
+    except Exception as e:
+        raise Skipped(f"CREATE EXTENSION outbox VERSION '{PREVIEW}' failed: {str(e).strip()[:300]}")
+    version = db.pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=PREVIEW_DB)
+    missing = [t for t in PREVIEW_TABLES if not db.pg.value("SELECT to_regclass(%s) IS NOT NULL", (t,),
+                                                            dbname=PREVIEW_DB)]
+    if version != PREVIEW or missing:
+        raise Skipped(f"the {PREVIEW} schema is not the contract's (extversion {version}, missing {missing})")
 
 
 def one_run(bench, shape, checkpoint, run):
     s = bench.sizes
     db = bench.db
-    n, per_tx, keys = s["wal_events"], s["wal_per_transaction"], s["wal_keys"]
     meter = WalMeter(db)
-    table = TABLES[shape]
     steps = {}
     topic = None
-    if shape == "outbox":
+    dbname = PREVIEW_DB if shape == "outbox_040" else None
+    if shape in OUTBOX_SHAPES:
         # retention 0: the relay purges nothing itself; the purge step below does, at once.
         bench.prepare("outbox", 1, s["rtt_ms"], retention="0")
         topic = bench.mock.new_topic("invoice")
-        relay_paused(db, True)
-    else:
-        bench.prepare("floor", 0, s["rtt_ms"])
-        db.sql(f"DROP TABLE IF EXISTS {table}")
-        db.sql(DEBEZIUM_TABLE if shape == "debezium" else PLAIN_TABLE)
-    db.sql("SELECT pg_stat_reset()")
+    try:
+        if shape in OUTBOX_SHAPES:
+            relay_paused(db, True)
+            if shape == "outbox_040":
+                preview_database(db)
+        else:
+            bench.prepare("floor", 0, s["rtt_ms"])
+            db.sql(f"DROP TABLE IF EXISTS {TABLES[shape]}")
+            db.sql(DEBEZIUM_TABLE if shape == "debezium" else PLAIN_TABLE)
+        return measured(bench, shape, checkpoint, run, meter, steps, topic, dbname)
+    finally:
+        if shape in OUTBOX_SHAPES:
+            if shape == "outbox_040":
+                db.sql(f'DROP DATABASE IF EXISTS "{PREVIEW_DB}" WITH (FORCE)')
+            relay_paused(db, False)  # (the publish step did already, unless it failed)
+            db.configure(db.workers, retention="7d")  # the default again, for the other workloads
+        else:
+            db.sql(f"DROP TABLE IF EXISTS {TABLES[shape]}")
+
+
+def measured(bench, shape, checkpoint, run, meter, steps, topic, dbname):
+    s = bench.sizes
+    db = bench.db
+    n, per_tx, keys = s["wal_events"], s["wal_per_transaction"], s["wal_keys"]
+    db.pg.sql("SELECT pg_stat_reset()", dbname=dbname)
     db.sql("CHECKPOINT")
-    before = table_stats(db, table)
+    before = table_stats(db, shape, dbname)
+    autovacuum = AutovacuumLog(db)
 
     def step(name, work):
         a = meter.point()
@@ -172,7 +314,7 @@ def one_run(bench, shape, checkpoint, run):
         steps[name]["seconds"] = round(time.time() - t0, 2)
 
     def write():
-        with db.connect(autocommit=False) as c:
+        with db.pg.connect(dbname, autocommit=False) as c:
             for t, lo in enumerate(range(0, n, per_tx)):
                 if checkpoint == "steps" and t == n // per_tx // 2:
                     c.commit()
@@ -184,30 +326,57 @@ def one_run(bench, shape, checkpoint, run):
                     c.execute("DELETE FROM bench.debezium_outbox")
                 c.commit()
 
-    step("write" if shape != "outbox" else "enqueue", write)
-    if shape == "outbox":
+    step("write" if shape not in OUTBOX_SHAPES else "enqueue", write)
+    published = None
+    if shape in OUTBOX_SHAPES:
         if checkpoint == "steps":
             db.sql("CHECKPOINT")
 
         def publish():
-            relay_paused(db, False)
-            common.wait_until(lambda: db.value("SELECT count(*) FROM outbox.events WHERE status = 'published'") >= n,
-                              max(120, n / 100), "wal_cost events published")
+            if shape == "outbox":
+                relay_paused(db, False)
+                common.wait_until(lambda: db.value("SELECT count(*) FROM outbox.events WHERE status = 'published'") >= n,
+                                  max(120, n / 100), "wal_cost events published")
+                return
+            relay_paused(db, False, PREVIEW_DB)
+            deadline = s.get("wal_preview_deadline_s") or max(120, n / 100)
+            try:
+                common.wait_until(lambda: preview_published(db) >= n, deadline, f"{PREVIEW} events published")
+            except Exception:
+                try:
+                    workers = db.pg.sql("SELECT * FROM outbox.workers", dbname=PREVIEW_DB)
+                except Exception as e:
+                    workers = repr(e)
+                raise Skipped(f"the relay did not publish on {PREVIEW} within {deadline:.0f} s: "
+                              f"{preview_published(db)} of {n} events named by outbox.landed; "
+                              f"outbox.workers: {str(workers)[:300]}")
         step("publish", publish)
+        published = n if shape == "outbox" else preview_published(db)
         if checkpoint == "steps":
             db.sql("CHECKPOINT")
+
         def purge():
-            # outbox.purge deletes at most batch_size rows a call (10,000): call until done.
-            while db.value("SELECT outbox.purge('0 s')"):
-                pass
+            # 0.3.0's outbox.purge deletes at most batch_size rows a call (10,000): call until
+            # done. 0.4.0's deletes outbox.landed rows only and returns 0 (no rotation yet).
+            with db.pg.connect(dbname) as c:
+                while c.execute("SELECT outbox.purge('0 s')").fetchone()[0]:
+                    pass
         step("purge", purge)
-        settled = stats_settled(db, table, "del", before["del"] + n)
+        if shape == "outbox":
+            settled = stats_settled(db, shape, "del", before["del"] + n, dbname)
+        else:
+            settled = stats_settled(db, shape, "ins", before["ins"] + n, dbname)
     else:
-        settled = stats_settled(db, table, "ins", before["ins"] + n)
+        settled = stats_settled(db, shape, "ins", before["ins"] + n, dbname)
     if checkpoint == "steps":
         db.sql("CHECKPOINT")
-    step("vacuum", lambda: db.sql(f"VACUUM {table}"))
-    after = table_stats(db, table)
+    where, params = tables_of(shape)
+    tables = [t for (t,) in db.pg.sql(f"SELECT quote_ident(schemaname) || '.' || quote_ident(relname) "
+                                      f"FROM pg_stat_user_tables WHERE {where}", params, dbname=dbname)]
+    step("vacuum", lambda: db.pg.sql("VACUUM " + ", ".join(tables), dbname=dbname))
+    after = table_stats(db, shape, dbname)
+    database = dbname or "postgres"
+    av = autovacuum.work(f"{database}.outbox." if shape in OUTBOX_SHAPES else f"{database}.{TABLES[shape]}")
     total = {k: sum(st[k] for st in steps.values()) for k in ("wal_bytes", "records", "fpi")}
     no_vacuum = {k: sum(st[k] for name, st in steps.items() if name != "vacuum") for k in ("wal_bytes", "records", "fpi")}
     kinds = {}
@@ -219,7 +388,9 @@ def one_run(bench, shape, checkpoint, run):
             k[2] += fpi
     index_inserts = sum(v[0] for k, v in kinds.items() if k.startswith("Btree/INSERT"))
     res = {
-        "shape": shape, "checkpoint": checkpoint, "run": run, "events": n,
+        "shape": shape, "checkpoint": checkpoint, "run": run, "events": n, "published": published,
+        "extversion": db.pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=dbname)
+        if shape in OUTBOX_SHAPES else None,
         "steps": steps,
         "wal_bytes_per_event": round(no_vacuum["wal_bytes"] / n, 1),
         "wal_bytes_per_event_with_vacuum": round(total["wal_bytes"] / n, 1),
@@ -228,26 +399,27 @@ def one_run(bench, shape, checkpoint, run):
         "records_per_event": round(total["records"] / n, 2),
         "index_inserts_per_event": round(index_inserts / n, 2),
         "heap_updates_per_event": round(sum(v[0] for k, v in kinds.items() if k.startswith("Heap/") and "UPDATE" in k) / n, 2),
+        # n_dead_tup after the run (before the VACUUM step), summed over the shape's tables.
         "dead_tuples_per_event": round((settled["dead"]) / n, 2),
+        "dead_tuples_by_table": {t: v["dead"] for t, v in settled["by_table"].items() if v["dead"]},
         "updates": settled["upd"] - before["upd"], "hot_updates": settled["hot_upd"] - before["hot_upd"],
         "deletes": settled["del"] - before["del"],
         "autovacuums": after["autovacuums"] - before["autovacuums"],
+        "autovacuum": av,
+        "autovacuum_pages_scanned_per_1000_events": round(1000 * av["pages_scanned"] / n, 2),
         "by_kind": kinds,
     }
-    log(f"  wal_cost {shape:8s} checkpoint={checkpoint:5s} run {run}: {res['wal_bytes_per_event']} B/event "
+    log(f"  wal_cost {shape:10s} checkpoint={checkpoint:5s} run {run}: {res['wal_bytes_per_event']} B/event "
         f"(+vacuum {res['wal_bytes_per_event_with_vacuum']}), per step {res['wal_per_step_per_event']}, "
         f"fpi/event {res['fpi_per_event']}, index inserts/event {res['index_inserts_per_event']}, "
-        f"dead tuples/event {res['dead_tuples_per_event']}, autovacuums {res['autovacuums']}")
-    if shape == "outbox":
-        db.configure(db.workers, retention="7d")  # the default again, for the other workloads
-    else:
-        db.sql(f"DROP TABLE {table}")
+        f"dead tuples/event {res['dead_tuples_per_event']}, autovacuums {res['autovacuums']} "
+        f"({av['pages_scanned']} pages scanned)")
     return res
 
 
 def summarize(runs):
-    """Medians per (checkpoint, shape), and the outbox's ratios to the Debezium pattern and to
-    the plain INSERT."""
+    """Medians per (checkpoint, shape), and each outbox shape's ratios to the Debezium pattern
+    and to the plain INSERT."""
     out = {}
     for checkpoint in CHECKPOINTS:
         row = {}
@@ -266,12 +438,15 @@ def summarize(runs):
                 "heap_updates_per_event": median([r["heap_updates_per_event"] for r in rs]),
                 "dead_tuples_per_event": median([r["dead_tuples_per_event"] for r in rs]),
                 "autovacuums": median([r["autovacuums"] for r in rs]),
+                "autovacuum_pages_scanned_per_1000_events": median(
+                    [r.get("autovacuum_pages_scanned_per_1000_events") for r in rs]),
             }
-        if "outbox" in row:
-            for base in ("debezium", "plain"):
-                if base in row:
-                    for field in ("wal_bytes_per_event", "wal_bytes_per_event_with_vacuum"):
-                        row["outbox"][f"{field}_vs_{base}"] = round(row["outbox"][field] / row[base][field], 2)
+        for shape in OUTBOX_SHAPES:
+            if shape in row:
+                for base in ("debezium", "plain"):
+                    if base in row:
+                        for field in ("wal_bytes_per_event", "wal_bytes_per_event_with_vacuum"):
+                            row[shape][f"{field}_vs_{base}"] = round(row[shape][field] / row[base][field], 2)
         out[checkpoint] = row
     return out
 
@@ -290,12 +465,27 @@ def run(bench):
 
 def run_all(bench):
     runs = []
+    skipped = {}  # shape -> the reason (printed once; the shape's other cells are not tried)
+    reason = preview_available(bench.db)
+    if reason:
+        skipped["outbox_040"] = reason
+        log(f"  wal_cost outbox {PREVIEW} preview skipped: {reason}")
     for r in range(bench.runs):
         for checkpoint in CHECKPOINTS:
             # Each run starts with another shape (no shape always first after a restart).
-            order = SHAPES[r % 3:] + SHAPES[:r % 3]
+            order = SHAPES[r % len(SHAPES):] + SHAPES[:r % len(SHAPES)]
             for shape in order:
-                res = bench.cell(f"wal_cost {shape} {checkpoint} run {r}", lambda: one_run(bench, shape, checkpoint, r))
+                if shape in skipped:
+                    continue
+
+                def cell():
+                    try:
+                        return one_run(bench, shape, checkpoint, r)
+                    except Skipped as e:
+                        skipped[shape] = str(e)
+                        log(f"  wal_cost {shape} checkpoint={checkpoint} run {r} skipped: {e}")
+                        return None
+                res = bench.cell(f"wal_cost {shape} {checkpoint} run {r}", cell)
                 if res:
                     runs.append(res)
-    return {"runs": runs, "summary": summarize(runs)}
+    return {"runs": runs, "summary": summarize(runs), "skipped": skipped}
