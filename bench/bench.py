@@ -4,8 +4,8 @@ builds what it needs and runs this as an unprivileged user when started as root.
 
     bench.py [--quick] [--runs N] [--out DIR] [--only drain,hot_keys,...]
 
-Workloads: burst_4topic, burst_1topic, drain, hot_keys, burst, idle_latency, enqueue_overhead, memory,
-table_health.
+Workloads: burst_4topic, burst_1topic, burst_4topic_3x6, drain, hot_keys, burst, idle_latency,
+enqueue_overhead, memory, table_health, wal_cost.
 Writes DIR/results.json and DIR/*.png, prints a table."""
 
 import argparse
