@@ -238,7 +238,7 @@ WAL_SHAPES = {"outbox": "outbox (enqueue, relay, purge)", "outbox_040": "outbox 
               "plain": "plain INSERT, bigint primary key"}
 WAL_HEADERS = ["checkpoint", "shape", "runs", "WAL B/event", "per step", "+ VACUUM", "vs Debezium",
                "FPI/event", "index inserts/event", "heap updates/event", "dead tuples/event", "autovacuums",
-               "autovacuum pages scanned / 1,000 events"]
+               "autovacuum pages scanned / 1,000 events", "VACUUM step pages scanned / 1,000 events"]
 
 
 def wal_rows(s):
@@ -251,7 +251,8 @@ def wal_rows(s):
                          f"{r['wal_bytes_per_event_vs_debezium']:.2f}x" if "wal_bytes_per_event_vs_debezium" in r else "",
                          _fmt(r["fpi_per_event"], 3), _fmt(r["index_inserts_per_event"], 2),
                          _fmt(r["heap_updates_per_event"], 2), _fmt(r["dead_tuples_per_event"], 2),
-                         _fmt(r["autovacuums"]), _fmt(r.get("autovacuum_pages_scanned_per_1000_events"), 1)])
+                         _fmt(r["autovacuums"]), _fmt(r.get("autovacuum_pages_scanned_per_1000_events"), 1),
+                         _fmt(r.get("vacuum_pages_scanned_per_1000_events"), 1)])
     return rows
 
 

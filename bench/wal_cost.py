@@ -393,7 +393,24 @@ def measured(bench, shape, checkpoint, run, meter, steps, topic, dbname):
     where, params = tables_of(shape)
     tables = [t for (t,) in db.pg.sql(f"SELECT quote_ident(schemaname) || '.' || quote_ident(relname) "
                                       f"FROM pg_stat_user_tables WHERE {where}", params, dbname=dbname)]
-    step("vacuum", lambda: db.pg.sql("VACUUM " + ", ".join(tables), dbname=dbname))
+    vacuum = {"pages_scanned": 0, "pages_removed": 0, "tuples_removed": 0, "wal_bytes": 0}
+
+    def vacuum_step():
+        # VERBOSE: the pages it scanned and removed (autovacuum's work, done at once), from the
+        # same report autovacuum logs.
+        def notice(d):
+            text = d.message_primary or ""
+            if m := AUTOVACUUM_PAGES.search(text):
+                vacuum["pages_removed"] += int(m.group(1))
+                vacuum["pages_scanned"] += int(m.group(3))
+            if m := AUTOVACUUM_TUPLES.search(text):
+                vacuum["tuples_removed"] += int(m.group(1))
+            if m := AUTOVACUUM_WAL.search(text):
+                vacuum["wal_bytes"] += int(m.group(3))
+        with db.pg.connect(dbname) as c:
+            c.add_notice_handler(notice)
+            c.execute("VACUUM (VERBOSE) " + ", ".join(tables))
+    step("vacuum", vacuum_step)
     after = table_stats(db, shape, dbname)
     database = dbname or "postgres"
     av = autovacuum.work(f"{database}.outbox." if shape in OUTBOX_SHAPES else f"{database}.{TABLES[shape]}")
@@ -427,13 +444,15 @@ def measured(bench, shape, checkpoint, run, meter, steps, topic, dbname):
         "autovacuums": after["autovacuums"] - before["autovacuums"],
         "autovacuum": av,
         "autovacuum_pages_scanned_per_1000_events": round(1000 * av["pages_scanned"] / n, 2),
+        "vacuum": vacuum,
+        "vacuum_pages_scanned_per_1000_events": round(1000 * vacuum["pages_scanned"] / n, 2),
         "by_kind": kinds,
     }
     log(f"  wal_cost {shape:10s} checkpoint={checkpoint:5s} run {run}: {res['wal_bytes_per_event']} B/event "
         f"(+vacuum {res['wal_bytes_per_event_with_vacuum']}), per step {res['wal_per_step_per_event']}, "
         f"fpi/event {res['fpi_per_event']}, index inserts/event {res['index_inserts_per_event']}, "
         f"dead tuples/event {res['dead_tuples_per_event']}, autovacuums {res['autovacuums']} "
-        f"({av['pages_scanned']} pages scanned)")
+        f"({av['pages_scanned']} pages scanned), VACUUM step {vacuum['pages_scanned']} pages scanned")
     return res
 
 
@@ -460,6 +479,8 @@ def summarize(runs):
                 "autovacuums": median([r["autovacuums"] for r in rs]),
                 "autovacuum_pages_scanned_per_1000_events": median(
                     [r.get("autovacuum_pages_scanned_per_1000_events") for r in rs]),
+                "vacuum_pages_scanned_per_1000_events": median(
+                    [r.get("vacuum_pages_scanned_per_1000_events") for r in rs]),
             }
         for shape in OUTBOX_SHAPES:
             if shape in row:
