@@ -4,7 +4,7 @@ builds what it needs and runs this as an unprivileged user when started as root.
 
     bench.py [--quick] [--runs N] [--out DIR] [--only drain,hot_keys,...]
 
-Workloads: burst_4topic, burst_1topic, burst_4topic_3x6, drain, hot_keys, burst, idle_latency,
+Workloads: burst_4topic, burst_1topic, burst_4topic_3x6, burst_4topic_1broker, drain, hot_keys, burst, idle_latency,
 enqueue_overhead, memory, table_health, wal_cost.
 Writes DIR/results.json and DIR/*.png, prints a table."""
 
@@ -31,15 +31,20 @@ import wal_cost  # noqa: E402
 from common import (ExternalRelays, Mock, Postgres, RssSampler, last_published_epoch, load, log,  # noqa: E402
                     make_dataset, median, percentile, verify, wait_drained)
 
-WORKLOADS = ["burst_4topic", "burst_1topic", "burst_4topic_3x6", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
+WORKLOADS = ["burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
              "memory", "table_health", "wal_cost"]
 # The burst-drain workloads: name -> the topics each key's events are spread over.
 BURST_TOPICS = {"burst_4topic": ["invoice", "payment", "refund", "dunning"], "burst_1topic": ["billing"],
-                "burst_4topic_3x6": ["invoice", "payment", "refund", "dunning"]}
+                "burst_4topic_3x6": ["invoice", "payment", "refund", "dunning"],
+                "burst_4topic_1broker": ["invoice", "payment", "refund", "dunning"]}
 # Per burst workload: (partitions per topic, data set, keys); the default shape is 12 partitions
 # per topic over the mock's 3 brokers. burst_4topic_3x6: 3 brokers x 6 partitions per topic and
 # 1,024 keys, a shape the relay is not tuned on.
 BURST_SHAPES = {"burst_4topic_3x6": (6, "ds_burst_1024", 1024)}
+# Per burst workload: the brokers of its mock cluster (default: the bench's one, 3 brokers).
+# burst_4topic_1broker: burst_4topic's topics, partitions and keys with every partition on ONE
+# broker (each batch's produce requests go to one leader).
+BURST_BROKERS = {"burst_4topic_1broker": 1}
 BURST_SYSTEMS = ["outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
 
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
@@ -195,7 +200,7 @@ class Bench:
         else:
             topic = self.mock.new_topic(label, partitions)
         res = {"system": system, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
-               "partitions": partitions,
+               "partitions": partitions, "brokers": self.mock.brokers,
                "window_s": window, "tailing_reader": tail, "topics": len(topics or [topic]), "analyze": analyze}
         analyzed = self.analyze_count()
         if system == "tuned":
@@ -354,6 +359,17 @@ class Bench:
 
     def w_burst_4topic_3x6(self):
         return self.burst_drain("burst_4topic_3x6")
+
+    def w_burst_4topic_1broker(self):
+        """burst_4topic on a mock cluster of one broker of its own (for the workload only)."""
+        main = self.mock
+        self.mock = Mock(brokers=BURST_BROKERS["burst_4topic_1broker"])
+        try:
+            return self.burst_drain("burst_4topic_1broker")
+        finally:
+            self.results.setdefault("mock_sockets_other", {})["burst_4topic_1broker"] = self.mock.sockets()
+            self.mock.close()
+            self.mock = main
 
     def burst_drain(self, name):
         """A burst of burst_drain_events events over burst_drain_keys keys committed in ONE

@@ -134,7 +134,7 @@ def burst(results, out):
 def burst_drains(results, out):
     """The burst workloads: events/s by workers, a line per relay and RTT, a panel per workload."""
     summary = results.get("summary", {})
-    names = [n for n in ("burst_4topic", "burst_1topic", "burst_4topic_3x6") if summary.get(n)]
+    names = [n for n in ("burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker") if summary.get(n)]
     if not names:
         return None
     fig, axes = plt.subplots(1, len(names), figsize=(7 * len(names), 5), squeeze=False)
@@ -152,7 +152,7 @@ def burst_drains(results, out):
         ax.set_ylabel("events/s (log scale)")
         ax.set_xticks(sorted({r["workers"] for r in rows}))
         n_topics = 1 if name == "burst_1topic" else 4
-        shape = ", 3 brokers x 6 partitions" if name == "burst_4topic_3x6" else ""
+        shape = {"burst_4topic_3x6": ", 3 brokers x 6 partitions", "burst_4topic_1broker": ", one broker"}.get(name, "")
         ax.set_title(f"Burst of {rows[0]['events']:,} events in one transaction, {n_topics} topic(s){shape}, no ANALYZE",
                      fontsize=9)
         ax.grid(True, which="both", alpha=0.3)

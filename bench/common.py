@@ -244,10 +244,11 @@ def expected_order(db, only_published=False):
 # --------------------------------------------------------------------------------------------
 
 class Mock:
-    """The project's mock cluster program (3 brokers, TCP_NODELAY fixed), one topic per run."""
+    """The project's mock cluster program (3 brokers unless asked, TCP_NODELAY fixed), one topic per run."""
 
-    def __init__(self):
-        self.mc = MockCluster(brokers=3, topics={})
+    def __init__(self, brokers=3):
+        self.brokers = brokers
+        self.mc = MockCluster(brokers=brokers, topics={})
         self.bootstrap = self.mc.bootstrap
         self.rtt_ms = 0
         self.topics = 0

@@ -10,7 +10,8 @@ LABEL = {"outbox": "outbox", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
 ORDER = list(LABEL)  # table rows: relays in LABEL's order
 # The burst-drain workloads (bench.py BURST_TOPICS) and their titles.
 BURSTS = {"burst_4topic": "Burst, 4 topics, no ANALYZE", "burst_1topic": "Burst, 1 topic, no ANALYZE",
-          "burst_4topic_3x6": "Burst, 4 topics on 3 brokers x 6 partitions, 1,024 keys, no ANALYZE"}
+          "burst_4topic_3x6": "Burst, 4 topics on 3 brokers x 6 partitions, 1,024 keys, no ANALYZE",
+          "burst_4topic_1broker": "Burst, 4 topics, 12 partitions each on ONE broker, no ANALYZE"}
 DRAINS = {**BURSTS, "drain": "Backlog drain (ANALYZEd)", "hot_keys": "Hot keys (ANALYZEd)"}
 
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-WORKLOADS = {"burst_4topic", "burst_1topic", "burst_4topic_3x6", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
+WORKLOADS = {"burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
              "memory", "table_health", "wal_cost"}
 BURST_SYSTEMS = {"outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"}
 
@@ -37,7 +37,7 @@ def test_bench_quick_smoke(tmp_path):
     assert sockets["accepted"] > 0 and sockets["nodelay"] == sockets["accepted"], sockets
 
     # Every relay, every verified run: nothing lost, nothing left unpublished, nothing unexpected.
-    runs = [r for name in ("burst_4topic", "burst_1topic", "burst_4topic_3x6", "drain", "hot_keys", "burst", "idle_latency")
+    runs = [r for name in ("burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker", "drain", "hot_keys", "burst", "idle_latency")
             for r in workloads[name]]
     runs += workloads["memory"]["runs"]
     verified = [r for r in runs if r.get("verify")]
@@ -52,7 +52,8 @@ def test_bench_quick_smoke(tmp_path):
 
     # The burst workloads: every relay and floor ran, on 4 topics and on 1, loaded without
     # ANALYZE, and the outbox relay's delivery was read back from every topic of the run.
-    for name, n_topics, partitions in (("burst_4topic", 4, 12), ("burst_1topic", 1, 12), ("burst_4topic_3x6", 4, 6)):
+    for name, n_topics, partitions in (("burst_4topic", 4, 12), ("burst_1topic", 1, 12), ("burst_4topic_3x6", 4, 6),
+                                       ("burst_4topic_1broker", 4, 12)):
         assert {r["system"] for r in workloads[name]} == BURST_SYSTEMS, name
         for r in workloads[name]:
             assert r["partitions"] == partitions, r
@@ -61,7 +62,10 @@ def test_bench_quick_smoke(tmp_path):
             assert (r["verify"] is None) == r["system"].startswith("floor"), r
     headline = results["summary"]["headline"]
     assert {(h["workload"], h["rtt_ms"]) for h in headline} == {
-        ("burst_4topic", 5), ("burst_1topic", 5), ("burst_4topic_3x6", 5)}, headline
+        ("burst_4topic", 5), ("burst_1topic", 5), ("burst_4topic_3x6", 5), ("burst_4topic_1broker", 5)}, headline
+    # The one-broker shape ran on a cluster of one broker of its own, TCP_NODELAY on there too.
+    one = results["mock_sockets_other"]["burst_4topic_1broker"]
+    assert one["accepted"] > 0 and one["nodelay"] == one["accepted"], one
     assert all(h["outbox"] and h["tuned"] for h in headline), headline
 
     assert workloads["enqueue_overhead"]["summary"]
