@@ -104,7 +104,7 @@ FOR UPDATE OF s SKIP LOCKED
 // No lock: members are insert-only, and the cursor row serialises the slot's claims.
 #define OUTBOX_RING_MEMBER(n)                                                                                         \
 	"SELECT " #n "::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, "             \
-	"e.created_at, e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source FROM outbox.events_" #n
+	"e.created_at, e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source FROM outbox.events_" #n " e"
 const char *const kMemberCandidatesSql =
     "SELECT m.id, m.event_id::text, m.topic, m.key, m.payload, "
     "       CASE WHEN jsonb_typeof(m.headers) = 'object' "
