@@ -236,3 +236,39 @@ def test_update_to_the_ring_under_a_running_relay(mock_cluster, make_relay):
     assert pg.value("SELECT count(*) FROM outbox.failed") == 1
     assert pg.value("SELECT count(*) FROM outbox.cursors") == 1
     assert pg.workers()[0][2] == "idle"
+
+
+def test_outage_stops_the_cursor_writes_nothing_per_event_and_loses_nothing(mock_cluster, ring_relay):
+    """Broker-wide trouble: the events' outcome is unknown, so the cursor stays before them and no
+    event_state row is written for them (no attempt used); after the outage they go in order."""
+    pg = ring_relay(max_attempts=2, backoff_base="50ms", backoff_max="200ms", publish_timeout="1s",
+                    kafka_properties="socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200")
+    pg.sql("SELECT outbox.enqueue('billing', 'warmup', 'x')")
+    pg.wait_published(1)
+    cursor = pg.value("SELECT order_lsn FROM outbox.cursors")
+    for b in (1, 2, 3):
+        mock_cluster.down(b)
+    expected = enqueue(pg, "billing", rows_for(100, 10))
+    wait_until(lambda: pg.log().count("Kafka unavailable") >= 2, 60, "failed publish rounds")
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    assert pg.value("SELECT order_lsn FROM outbox.cursors") == cursor
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(101, timeout=120)
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    assert pg.value("SELECT max(attempts) FROM outbox.events") == 0
+    records = read_topic(mock_cluster.bootstrap, "billing", 101, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == []
+
+
+def test_an_idle_relay_does_not_write_its_cursor_on_every_claim(mock_cluster, ring_relay):
+    pg = ring_relay(poll_interval="100ms")
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'x')")
+    pg.wait_published(1)
+    seen = claims(pg)
+    wait_until(lambda: claims(pg) >= seen + 2, 60, "two more claims")
+    written = pg.value("SELECT xmin::text FROM outbox.cursors")
+    seen = claims(pg)
+    wait_until(lambda: claims(pg) >= seen + 10, 60, "ten idle claims")
+    assert pg.value("SELECT xmin::text FROM outbox.cursors") == written
