@@ -158,7 +158,12 @@ def test_insert_by_hand_into_the_view(pg):
                               "VALUES (gen_random_uuid(), %s, 'h', outbox.lane_of('h', NULL), 'x') "
                               "ON CONFLICT (event_id) DO NOTHING", (topic,))
         assert state == "42P10"
-    assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = %s", (topic,), dbname=RING) == 1
+        # COPY into the view goes the same way.
+        lane = c.execute("SELECT outbox.lane_of('h', NULL)").fetchone()[0]
+        with c.cursor().copy("COPY outbox.events (event_id, topic, key, lane, payload) FROM STDIN") as copy:
+            copy.write_row((str(uuid.uuid4()), topic, "h", lane, "copied"))
+    assert pg.sql("SELECT convert_from(payload, 'UTF8'), writer <> '0' FROM outbox.events_0 WHERE topic = %s "
+                  "ORDER BY id", (topic,), dbname=RING) == [("x", True), ("copied", True)]
 
 
 def test_update_delete_truncate_are_refused_and_change_nothing(pg):
