@@ -259,6 +259,28 @@ def test_commit_order_restamp_updates_the_member_row(pg):
     assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = %s", (topic,), dbname=RING) == 2
 
 
+def test_the_guard_lets_the_restamp_raise_order_lsn_only(pg):
+    # A trigger of the owner's that fires before the guard and changes the row during the
+    # re-stamp: the guard sees more than a raised order_lsn and refuses, so the commit fails
+    # and nothing of it stays.
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("CREATE FUNCTION public.meddle() RETURNS trigger LANGUAGE plpgsql AS "
+           "$$ BEGIN NEW.key := NEW.key || '!'; RETURN NEW; END $$", dbname=db)
+    pg.sql("CREATE TRIGGER meddle BEFORE UPDATE ON outbox.events_0 FOR EACH ROW EXECUTE FUNCTION public.meddle()",
+           dbname=db)
+    topic = "meddle"
+    with pytest.raises(psycopg.Error) as caught:
+        restamp_forced(pg, db, topic)
+    assert caught.value.sqlstate == "55000"
+    assert pg.sql("SELECT convert_from(payload, 'UTF8'), key FROM outbox.events_0 WHERE topic = %s", (topic,),
+                  dbname=db) == [("A", "k")]
+    # Without it the same commit goes through.
+    pg.sql("DROP TRIGGER meddle ON outbox.events_0", dbname=db)
+    restamp_forced(pg, db, topic)
+    assert pg.value("SELECT count(*) FROM outbox.events_0 WHERE topic = %s", (topic,), dbname=db) == 3
+    pg.sql(f"DROP DATABASE {db}")
+
+
 def test_update_from_0_3_0_keeps_every_event_as_it_was(pg):
     db = fresh_database(pg)
     pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}", dbname=db)
