@@ -544,9 +544,12 @@ BEGIN
 	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.events_acl')::jsonb)
 	                       AS x(column_name text, privilege text, grantee text, is_grantable boolean) LOOP
 		-- 0.3.0's table rights of one role, from the table or from a column.
+		-- (A dropped column's rights went with it.)
 		IF g.column_name IS NULL THEN
 			EXECUTE format('REVOKE ALL ON outbox.events_0 FROM %s', g.grantee);
-		ELSE
+		ELSIF EXISTS (SELECT FROM pg_catalog.pg_attribute t
+		              WHERE t.attrelid = 'outbox.events_0'::pg_catalog.regclass AND t.attname = g.column_name
+		                AND NOT t.attisdropped) THEN
 			EXECUTE format('REVOKE ALL (%I) ON outbox.events_0 FROM %s', g.column_name, g.grantee);
 		END IF;
 		IF g.privilege IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') THEN
