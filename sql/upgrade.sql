@@ -1,4 +1,5 @@
--- The upgrade path exists: at the newest version an update is a no-op; DROP EXTENSION cleans up.
+-- The upgrade path exists: at the default version an update is a no-op (0.4.0, a preview, is
+-- available but only by name: ALTER EXTENSION ... UPDATE TO '0.4.0'); DROP EXTENSION cleans up.
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 ALTER EXTENSION outbox UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';

@@ -3,6 +3,7 @@
 // librdkafka, no threads.
 #include "shared/boundary.hpp"
 #include "enqueue/commit_order.hpp"
+#include "enqueue/queue_target.hpp"
 #include "shared/open_writers.hpp"
 #include "launcher/drop_database.hpp"
 #include "shared/guc.hpp"
@@ -34,6 +35,8 @@ Init() {
 	// Here, not at first use: registered before any library loaded after outbox, its pre-commit
 	// callback runs after theirs (PostgreSQL calls the newest first).
 	outbox::RegisterCommitOrderCallbacks();
+	// enqueue's target follows an ALTER EXTENSION UPDATE to 0.4.0 in the same backend.
+	outbox::RegisterQueueTargetInvalidation();
 	outbox::RequestSharedMemory();
 	outbox::RegisterOpenWritersCallbacks();
 	outbox::RegisterLauncher();

@@ -6,6 +6,8 @@
 // it. Plain data only on the stack: everything here can ereport.
 #include "enqueue/commit_order.hpp"
 
+#include "enqueue/generation_guard.hpp"
+#include "enqueue/queue_target.hpp"
 #include "shared/boundary.hpp"
 #include "shared/guc.hpp"
 #include "shared/shmem.hpp"
@@ -42,8 +44,10 @@ constexpr LOCKMODE kBulkWaitMode = ShareUpdateExclusiveLock;
 struct NotedRow {
 	uint64 key_hash;
 	int64 id;
-	XLogRecPtr order_lsn;
+	XLogRecPtr order_lsn;    // the stamp it gets (a re-stamp replaces it)
+	XLogRecPtr inserted_lsn; // the stamp it was inserted with: a ring member's row is found by (it, id)
 	SubTransactionId subxact;
+	int16 member; // the ring member it is in (schema 0.4.0), or kNoMember: outbox.events
 	bool restamp;
 };
 
@@ -58,10 +62,6 @@ bool stamping = false;
 // The rows whose keys' stripes this committer of many keys marked (BulkMark), until it unmarks them.
 const NotedRow *marked_rows = nullptr;
 Size marked_count = 0;
-
-// CommitOrderTracked's answer for the transaction checked_lxid.
-LocalTransactionId checked_lxid = InvalidLocalTransactionId;
-bool checked_tracked = false;
 
 Oid
 EventsRelation() {
@@ -411,11 +411,12 @@ RaiseStripe(uint64 key_hash, uint64 stamp) {
 	}
 }
 
-// A statement over the noted rows ($1 their ids, $2 their new stamps), prepared once per backend.
+// A statement over the noted rows ($1 their ids, $2 their new stamps, $3 on a ring member their
+// stamps at insert), prepared once per backend.
 SPIPlanPtr
-KeptRowsPlan(const char *query, const char *what) {
-	Oid types[2] = {INT8ARRAYOID, PG_LSNARRAYOID};
-	SPIPlanPtr plan = SPI_prepare(query, 2, types);
+KeptRowsPlan(const char *query, int nargs, const char *what) {
+	Oid types[3] = {INT8ARRAYOID, PG_LSNARRAYOID, PG_LSNARRAYOID};
+	SPIPlanPtr plan = SPI_prepare(query, nargs, types);
 	if (plan == nullptr) {
 		elog(ERROR, "outbox: could not prepare the commit-order %s: %s", what, SPI_result_code_string(SPI_result));
 	}
@@ -423,61 +424,164 @@ KeptRowsPlan(const char *query, const char *what) {
 	return plan;
 }
 
+// Plans per target: 0.3.0's outbox.events, or ring member m at [1 + m].
+constexpr int kTargets = 1 + kRingMembers;
+
+int
+TargetIndex(int member) {
+	return member == kNoMember ? 0 : 1 + member;
+}
+
+// 0.3.0's table by id (its primary key). A ring member has no index on id: its row is found by
+// (order_lsn, id), the claim's index, with the stamp it was inserted with.
 SPIPlanPtr
-RestampPlan() {
-	static SPIPlanPtr plan = nullptr;
+RestampPlan(int member) {
+	static SPIPlanPtr plans[kTargets] = {};
+	SPIPlanPtr &plan = plans[TargetIndex(member)];
 	if (plan == nullptr) {
-		plan = KeptRowsPlan("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
-		                    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
-		                    "WHERE e.id OPERATOR(pg_catalog.=) u.id",
-		                    "statement");
+		if (member == kNoMember) {
+			plan = KeptRowsPlan("UPDATE outbox.events AS e SET order_lsn = u.order_lsn "
+			                    "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+			                    "WHERE e.id OPERATOR(pg_catalog.=) u.id",
+			                    2, "statement");
+		} else {
+			char query[512];
+			snprintf(query, sizeof(query),
+			         "UPDATE outbox.%s AS e SET order_lsn = u.order_lsn "
+			         "FROM ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2), pg_catalog.unnest($3)) "
+			         "AS u(id, order_lsn, inserted_lsn) "
+			         "WHERE e.order_lsn OPERATOR(pg_catalog.=) u.inserted_lsn AND e.id OPERATOR(pg_catalog.=) u.id",
+			         RingMemberName(member));
+			plan = KeptRowsPlan(query, 3, "statement");
+		}
 	}
 	return plan;
 }
 
-// After the re-stamp (and the triggers it fired): how many of the rows still exist, and how many
-// of those hold another stamp than the one written.
+// After the re-stamp (and the triggers it fired), 0.3.0's table: how many of the rows still
+// exist, and how many of those hold another stamp than the one written. A ring member (whose
+// rows are never deleted: its guard): how many rows are still at their old stamp, and how many
+// at the new one.
 SPIPlanPtr
-ExistingRowsPlan() {
-	static SPIPlanPtr plan = nullptr;
+ExistingRowsPlan(int member) {
+	static SPIPlanPtr plans[kTargets] = {};
+	SPIPlanPtr &plan = plans[TargetIndex(member)];
 	if (plan == nullptr) {
-		plan = KeptRowsPlan("SELECT pg_catalog.count(*), "
-		                    "pg_catalog.count(*) FILTER (WHERE e.order_lsn OPERATOR(pg_catalog.<>) u.order_lsn) "
-		                    "FROM outbox.events AS e "
-		                    "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
-		                    "ON e.id OPERATOR(pg_catalog.=) u.id",
-		                    "count");
+		if (member == kNoMember) {
+			plan = KeptRowsPlan("SELECT pg_catalog.count(*), "
+			                    "pg_catalog.count(*) FILTER (WHERE e.order_lsn OPERATOR(pg_catalog.<>) u.order_lsn) "
+			                    "FROM outbox.events AS e "
+			                    "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+			                    "ON e.id OPERATOR(pg_catalog.=) u.id",
+			                    2, "count");
+		} else {
+			char query[768];
+			const char *name = RingMemberName(member);
+			snprintf(query, sizeof(query),
+			         "SELECT (SELECT pg_catalog.count(*) FROM outbox.%s AS e "
+			         "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($3)) AS u(id, order_lsn) "
+			         "ON e.order_lsn OPERATOR(pg_catalog.=) u.order_lsn AND e.id OPERATOR(pg_catalog.=) u.id), "
+			         "(SELECT pg_catalog.count(*) FROM outbox.%s AS e "
+			         "JOIN ROWS FROM (pg_catalog.unnest($1), pg_catalog.unnest($2)) AS u(id, order_lsn) "
+			         "ON e.order_lsn OPERATOR(pg_catalog.=) u.order_lsn AND e.id OPERATOR(pg_catalog.=) u.id)",
+			         name, name);
+			plan = KeptRowsPlan(query, 3, "count");
+		}
 	}
 	return plan;
+}
+
+// Writes the new stamps of one target's rows marked restamp (see WriteStamps), under SPI.
+void
+WriteTargetStamps(int member, Size count) {
+	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Datum *stamps = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Datum *inserted = static_cast<Datum *>(palloc(sizeof(Datum) * count));
+	Size n = 0;
+	for (Size i = 0; i < noted_count; i++) {
+		if (noted[i].restamp && noted[i].member == member) {
+			ids[n] = Int64GetDatum(noted[i].id);
+			stamps[n] = LSNGetDatum(noted[i].order_lsn);
+			inserted[n] = LSNGetDatum(noted[i].inserted_lsn);
+			n++;
+		}
+	}
+	Datum values[3] = {PointerGetDatum(construct_array(ids, int(n), INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+	                   PointerGetDatum(construct_array(stamps, int(n), PG_LSNOID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
+	                   PointerGetDatum(construct_array(inserted, int(n), PG_LSNOID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE))};
+	const char *table = member == kNoMember ? "outbox.events" : psprintf("outbox.%s", RingMemberName(member));
+
+	// The member's guard lets this UPDATE through (it only raises order_lsn); an ERROR ends the
+	// allowance with the transaction (Forget).
+	if (member != kNoMember) {
+		AllowGenerationRestamp();
+	}
+	int rc = SPI_execute_plan(RestampPlan(member), values, nullptr, false, 0);
+	EndGenerationRestamp();
+	if (rc != SPI_OK_UPDATE) {
+		elog(ERROR, "outbox: commit-order update failed: %s", SPI_result_code_string(rc));
+	}
+	uint64 updated = SPI_processed;
+	// Rows deleted since their enqueue are not updated; any other row not updated (a BEFORE UPDATE
+	// trigger that returned NULL) would keep a stamp out of commit order. Not read-only: a new
+	// command id, so the count sees the rows as the UPDATE and the triggers it fired left them.
+	rc = SPI_execute_plan(ExistingRowsPlan(member), values, nullptr, false, 1);
+	if (rc != SPI_OK_SELECT || SPI_processed != 1) {
+		elog(ERROR, "outbox: commit-order count failed: %s", SPI_result_code_string(rc));
+	}
+	bool isnull;
+	uint64 first = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)));
+	uint64 second = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)));
+	uint64 existing, other_stamp;
+	if (member == kNoMember) {
+		existing = first;
+		other_stamp = second;
+	} else {
+		// first: rows still at their old stamp (not updated); second: rows at the new one. An
+		// updated row at neither got a stamp from a trigger.
+		existing = updated + first;
+		other_stamp = updated > second ? updated - second : 0;
+	}
+	if (updated < existing) { // more: an AFTER UPDATE trigger deleted a row since
+		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+		                errmsg("outbox: the commit-order update of %s changed %llu of %llu rows", table,
+		                       static_cast<unsigned long long>(updated), static_cast<unsigned long long>(existing)),
+		                errdetail("Rows the commit must move above an earlier commit of their key were not updated."),
+		                errhint("A trigger on %s must not skip an UPDATE (a BEFORE UPDATE trigger returning NULL).",
+		                        table)));
+	}
+	// A trigger that set order_lsn (NEW.order_lsn := OLD.order_lsn, say) would leave a stamp the
+	// locks and the padding were not for: below an earlier commit of its key, or ahead of the WAL.
+	if (other_stamp > 0) {
+		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
+		                errmsg("outbox: the commit-order update of %s left %llu of %llu rows with another "
+		                       "order_lsn than it wrote",
+		                       table, static_cast<unsigned long long>(other_stamp),
+		                       static_cast<unsigned long long>(existing)),
+		                errdetail("Rows the commit must move above an earlier commit of their key did not get their new "
+		                          "stamp."),
+		                errhint("A trigger on %s must not set order_lsn (a BEFORE UPDATE trigger that changes "
+		                        "NEW.order_lsn).",
+		                        table)));
+	}
 }
 
 // Writes the new stamps of the rows marked restamp, as the table's owner, in a restricted
 // security context with a pinned search_path: no code of the committing role runs with the
 // locks this file holds, except triggers someone put on outbox.events (docs/sql-api.md "The table").
+// One statement per target the rows are in: 0.3.0's outbox.events, or each ring member.
 //
 // This runs in the pre-commit callback, after the deferred triggers fired: a trigger that an
 // UPDATE here queues as deferred would not fire (none of the extension's own).
 // SPI itself is fine there: the transaction is still fully open (PreCommit_Portals has closed
 // the portals, an error still aborts it cleanly), which is what postgres_fdw relies on too.
 void
-WriteStamps(Oid events, Size count) {
-	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * count));
-	Datum *stamps = static_cast<Datum *>(palloc(sizeof(Datum) * count));
-	Size n = 0;
-	for (Size i = 0; i < noted_count; i++) {
-		if (noted[i].restamp) {
-			ids[n] = Int64GetDatum(noted[i].id);
-			stamps[n] = LSNGetDatum(noted[i].order_lsn);
-			n++;
-		}
-	}
-	Datum values[2] = {PointerGetDatum(construct_array(ids, int(n), INT8OID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE)),
-	                   PointerGetDatum(construct_array(stamps, int(n), PG_LSNOID, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE))};
-
+WriteStamps(Oid events) {
 	HeapTuple rel = SearchSysCache1(RELOID, ObjectIdGetDatum(events));
 	if (!HeapTupleIsValid(rel)) {
 		elog(ERROR, "outbox: cache lookup failed for relation %u", events);
 	}
+	// outbox.events (a view on 0.4.0) and the members belong to the extension's owner.
 	Oid owner = reinterpret_cast<Form_pg_class>(GETSTRUCT(rel))->relowner;
 	ReleaseSysCache(rel);
 
@@ -494,40 +598,14 @@ WriteStamps(Oid events, Size count) {
 	(void)set_config_option("row_security", "off", PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
 	SPI_connect();
 	PushActiveSnapshot(GetTransactionSnapshot());
-	int rc = SPI_execute_plan(RestampPlan(), values, nullptr, false, 0);
-	if (rc != SPI_OK_UPDATE) {
-		elog(ERROR, "outbox: commit-order update failed: %s", SPI_result_code_string(rc));
-	}
-	uint64 updated = SPI_processed;
-	// Rows deleted since their enqueue are not updated; any other row not updated (a BEFORE UPDATE
-	// trigger that returned NULL) would keep a stamp out of commit order. Not read-only: a new
-	// command id, so the count sees the rows as the UPDATE and the triggers it fired left them.
-	rc = SPI_execute_plan(ExistingRowsPlan(), values, nullptr, false, 1);
-	if (rc != SPI_OK_SELECT || SPI_processed != 1) {
-		elog(ERROR, "outbox: commit-order count failed: %s", SPI_result_code_string(rc));
-	}
-	bool isnull;
-	uint64 existing = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)));
-	uint64 other_stamp = uint64(DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)));
-	if (updated < existing) { // more: an AFTER UPDATE trigger deleted a row since
-		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-		                errmsg("outbox: the commit-order update of outbox.events changed %llu of %llu rows",
-		                       static_cast<unsigned long long>(updated), static_cast<unsigned long long>(existing)),
-		                errdetail("Rows the commit must move above an earlier commit of their key were not updated."),
-		                errhint("A trigger on outbox.events must not skip an UPDATE (a BEFORE UPDATE trigger returning "
-		                        "NULL).")));
-	}
-	// A trigger that set order_lsn (NEW.order_lsn := OLD.order_lsn, say) would leave a stamp the
-	// locks and the padding were not for: below an earlier commit of its key, or ahead of the WAL.
-	if (other_stamp > 0) {
-		ereport(ERROR, (errcode(ERRCODE_TRIGGERED_ACTION_EXCEPTION),
-		                errmsg("outbox: the commit-order update of outbox.events left %llu of %llu rows with another "
-		                       "order_lsn than it wrote",
-		                       static_cast<unsigned long long>(other_stamp), static_cast<unsigned long long>(existing)),
-		                errdetail("Rows the commit must move above an earlier commit of their key did not get their new "
-		                          "stamp."),
-		                errhint("A trigger on outbox.events must not set order_lsn (a BEFORE UPDATE trigger that changes "
-		                        "NEW.order_lsn).")));
+	for (int member = kNoMember; member < kRingMembers; member++) {
+		Size rows = 0;
+		for (Size i = 0; i < noted_count; i++) {
+			rows += noted[i].restamp && noted[i].member == member ? 1 : 0;
+		}
+		if (rows > 0) {
+			WriteTargetStamps(member, rows);
+		}
 	}
 	PopActiveSnapshot();
 	SPI_finish();
@@ -598,7 +676,7 @@ StampInCommitOrder(bool preparing) {
 				}
 			}
 		}
-		WriteStamps(events, restamps);
+		WriteStamps(events);
 	}
 	// Sorted by stamp within a key (new stamps keep that order): the last row has the highest.
 	// The WAL goes past the highest stamp before any stripe shows it (DESIGN.md "Commit order").
@@ -621,6 +699,7 @@ StampInCommitOrder(bool preparing) {
 
 void
 Forget() {
+	EndGenerationRestamp();
 	UnmarkStripes(); // a committer of many keys that failed while it waited for its keys
 	stamping = false;
 	noted = nullptr; // TopTransactionContext's memory, freed with it
@@ -691,17 +770,12 @@ RegisterCommitOrderCallbacks() {
 
 bool
 CommitOrderTracked() {
-	LocalTransactionId lxid = OutboxLocalTransactionId();
-	if (lxid != checked_lxid) {
-		Oid events = EventsRelation();
-		checked_tracked = OidIsValid(events) && get_attnum(events, "order_lsn") != InvalidAttrNumber;
-		checked_lxid = lxid;
-	}
-	return checked_tracked;
+	return CurrentQueueTarget().commit_order;
 }
 
 void
-NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before) {
+NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before,
+             int member) {
 	if (stamping) {
 		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 		                errmsg("cannot enqueue an event while the transaction's events are put in commit order"),
@@ -750,7 +824,7 @@ NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn,
 	                                        int(VARSIZE_ANY_EXHDR(topic)), 0);
 	uint64 key_hash = hash_bytes_extended(reinterpret_cast<const unsigned char *>(VARDATA_ANY(key)),
 	                                      int(VARSIZE_ANY_EXHDR(key)), topic_hash);
-	noted[noted_count++] = NotedRow{key_hash, id, order_lsn, GetCurrentSubTransactionId(), false};
+	noted[noted_count++] = NotedRow{key_hash, id, order_lsn, order_lsn, GetCurrentSubTransactionId(), int16(member), false};
 }
 
 #ifdef OUTBOX_TEST_SEAMS

@@ -7,8 +7,9 @@
 
 namespace outbox {
 
-// Whether outbox.events has order_lsn (0.2.0 on); a 0.1.0 table, between a library upgrade and
-// ALTER EXTENSION UPDATE, has none and gets no commit-order work. Looked up once per transaction.
+// Whether outbox.events has order_lsn (0.2.0 on; on 0.4.0 the ring members have it); a 0.1.0
+// table, between a library upgrade and ALTER EXTENSION UPDATE, has none and gets no commit-order
+// work. Looked up once per transaction (queue_target.hpp).
 bool CommitOrderTracked();
 
 // Registers the (sub)transaction callbacks, once, from _PG_init: older than any other library's
@@ -17,8 +18,10 @@ void RegisterCommitOrderCallbacks();
 
 // Notes a keyed row enqueue just inserted in the current (sub)transaction: order_lsn is the stamp
 // it read back, insert_before the WAL insert position read before the INSERT. A stamp outside
-// [insert_before, insert position now] is refused.
-void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before);
+// [insert_before, insert position now] is refused. member: the ring member the row is in (schema
+// 0.4.0), or kNoMember (queue_target.hpp) for 0.3.0's outbox.events.
+void NoteKeyedRow(const text *topic, const text *key, int64 id, XLogRecPtr order_lsn, XLogRecPtr insert_before,
+                  int member);
 
 #ifdef OUTBOX_TEST_SEAMS
 // Test builds only: outbox.test_enqueue_at_pre_commit's assign hook registers a pre-commit callback

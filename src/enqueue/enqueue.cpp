@@ -6,6 +6,7 @@
 #include "shared/cloudevents.hpp"
 #include "enqueue/commit_order.hpp"
 #include "enqueue/commit_wake.hpp"
+#include "enqueue/queue_target.hpp"
 #include "shared/guc.hpp"
 #include "shared/kafka_names.hpp"
 #include "shared/shmem.hpp"
@@ -169,17 +170,21 @@ PayloadBytes(Datum payload, PayloadKind kind) {
 // Each in two shapes: with the id and commit-order stamp back (0.2.0), or without (a 0.1.0
 // table, which has no order_lsn, while an upgrade is under way). And with the envelope columns
 // only for an event that uses them (a partition, a CloudEvent), so the others insert as before.
+// Into 0.3.0's outbox.events, or on schema 0.4.0 (outbox.events a view) into the current ring
+// member, whose stamp trigger sets order_lsn and writer; one set of plans per target, so an ALTER
+// EXTENSION UPDATE in this backend switches to the member's (queue_target.hpp notices it).
 SPIPlanPtr
-InsertPlan(bool caller_event_id, bool commit_order, bool envelope) {
-	static SPIPlanPtr plans[2][2][2] = {};
-	SPIPlanPtr &plan = plans[caller_event_id ? 1 : 0][commit_order ? 1 : 0][envelope ? 1 : 0];
+InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
+	static SPIPlanPtr plans[1 + outbox::kRingMembers][2][2][2] = {};
+	int target = member == outbox::kNoMember ? 0 : 1 + member;
+	SPIPlanPtr &plan = plans[target][caller_event_id ? 1 : 0][commit_order ? 1 : 0][envelope ? 1 : 0];
 	if (plan == nullptr) {
 		Oid types[10] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID, INT4OID, TEXTOID, TEXTOID, TEXTOID};
 		char query[640];
 		snprintf(query, sizeof(query),
-		         "INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers%s) "
+		         "INSERT INTO outbox.%s (event_id, topic, key, lane, payload, headers%s) "
 		         "VALUES ($1, $2, $3, $4, $5, $6%s) %sRETURNING lane%s",
-		         envelope ? ", target_partition, ce_content_type, ce_type, ce_source" : "",
+		         outbox::RingMemberName(member), envelope ? ", target_partition, ce_content_type, ce_type, ce_source" : "",
 		         envelope ? ", $7, $8, $9, $10" : "", caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "",
 		         commit_order ? ", id, order_lsn" : "");
 		SPIPlanPtr p = SPI_prepare(query, envelope ? 10 : 6, types);
@@ -474,11 +479,13 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	                  env.ce_source ? ' ' : 'n'};
 
 	// Unkeyed events promise no order: nothing to stamp in commit order.
-	bool commit_order = key != nullptr && outbox::CommitOrderTracked();
+	outbox::QueueTarget target = outbox::CurrentQueueTarget();
+	bool commit_order = key != nullptr && target.commit_order;
 	// The column default reads the insert position during the INSERT: never below this.
 	XLogRecPtr insert_before = commit_order ? GetXLogInsertRecPtr() : InvalidXLogRecPtr;
 	SPI_connect();
-	int rc = SPI_execute_plan(InsertPlan(caller_event_id, commit_order, env.columns), values, nulls, false, 0);
+	int rc = SPI_execute_plan(InsertPlan(target.member, caller_event_id, commit_order, env.columns), values, nulls,
+	                          false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING) {
 		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
 	}
@@ -496,7 +503,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		PG_RETURN_NULL(); // duplicate event_id: ON CONFLICT DO NOTHING
 	}
 	if (commit_order) {
-		outbox::NoteKeyedRow(topic, key, id, order_lsn, insert_before);
+		outbox::NoteKeyedRow(topic, key, id, order_lsn, insert_before, target.member);
 	}
 	outbox::WakeLaneAtCommit(lane);
 	PG_RETURN_UUID_P(event_id);

@@ -2,6 +2,9 @@
 // way it does; the per-key order argument lives in the claim statement's two anti-joins.
 #include "relay/relay_sql.hpp"
 
+#include "relay/relay_step.hpp"
+#include "relay/ring_claim.hpp"
+
 #include "relay/cloudevent_headers.hpp"
 #include "shared/guc.hpp"
 #include "shared/kafka_names.hpp"
@@ -141,14 +144,6 @@ WHERE e.id IN (SELECT p.id FROM outbox.events p
                FOR UPDATE OF p SKIP LOCKED)
 )SQL";
 
-struct Statement {
-	const char *sql;
-	int nargs;
-	Oid types[9];
-	int cursor_options; // 0: the plan cache chooses between custom and generic plans
-	SPIPlanPtr plan;
-};
-
 Statement candidates_stmt = {
     kCandidatesSql, 6, {INT4OID, INT4OID, INT4OID, BOOLOID, TEXTARRAYOID, TEXTARRAYOID}, 0, nullptr};
 Statement lock_stmt = {kLockSql, 1, {TIDARRAYOID}, 0, nullptr};
@@ -185,6 +180,8 @@ Oid step_saved_user = InvalidOid;
 int step_saved_sec_context = 0;
 // Why the last BeginStep returned Refused (static text or palloc'd in the caller's context).
 const char *step_problem = nullptr;
+// Whether the current step runs on schema 0.4.0's ring (BeginStep).
+bool step_ring = false;
 
 bool
 ExtensionOwns(Oid ext, Oid class_id, Oid object_id) {
@@ -319,7 +316,12 @@ BeginStep(const char *activity) {
 
 	Oid ext = get_extension_oid("outbox", true);
 	Oid nsp = OidIsValid(ext) ? get_namespace_oid("outbox", true) : InvalidOid;
-	Oid rel = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;
+	// Schema 0.4.0 (the insert-only queue's preview, ring_claim.cpp): outbox.events is a view
+	// there, and the step locks and checks outbox.cursors instead. Read at every step, so the
+	// worker switches at the first step after an ALTER EXTENSION UPDATE TO '0.4.0'.
+	char *version = OidIsValid(nsp) ? ExtensionVersion(ext) : nullptr;
+	step_ring = version != nullptr && strcmp(version, kRingSchemaVersion) == 0;
+	Oid rel = OidIsValid(nsp) ? get_relname_relid(step_ring ? "cursors" : "events", nsp) : InvalidOid;
 	if (!OidIsValid(rel)) {
 		return AbandonStep(TableState::Missing);
 	}
@@ -332,15 +334,24 @@ BeginStep(const char *activity) {
 	if (!ExtensionOwns(ext, NamespaceRelationId, nsp) || !ExtensionOwns(ext, RelationRelationId, rel) ||
 	    get_rel_relkind(rel) != RELKIND_RELATION) {
 		MemoryContext old = MemoryContextSwitchTo(step_caller_context);
-		step_problem = "schema outbox or table outbox.events is not the extension's own (created by a user?); the "
+		step_problem = step_ring ? "schema outbox or table outbox.cursors is not the extension's own (created by a "
+		                           "user?); the relay does not touch it"
+		                         : "schema outbox or table outbox.events is not the extension's own (created by a user?); the "
 		               "relay does not touch it";
 		MemoryContextSwitchTo(old);
 		return AbandonStep(TableState::Refused);
 	}
+	if (step_ring) {
+		if (const char *problem = RingTablesProblem(ext, nsp)) {
+			MemoryContext old = MemoryContextSwitchTo(step_caller_context);
+			step_problem = pstrdup(problem);
+			MemoryContextSwitchTo(old);
+			return AbandonStep(TableState::Refused);
+		}
+	}
 	// A library newer than the schema (after a package upgrade, before ALTER EXTENSION UPDATE):
-	// the statements below are written for this library's schema only.
-	char *version = ExtensionVersion(ext);
-	if (version == nullptr || strcmp(version, OUTBOX_SCHEMA_VERSION) != 0) {
+	// the statements below are written for this library's schema only (and the ring's preview).
+	if (version == nullptr || (strcmp(version, OUTBOX_SCHEMA_VERSION) != 0 && !step_ring)) {
 		MemoryContext old = MemoryContextSwitchTo(step_caller_context);
 		step_problem = psprintf("extension outbox is at version %s, this library publishes from version %s: run "
 		                        "ALTER EXTENSION outbox UPDATE",
@@ -350,6 +361,12 @@ BeginStep(const char *activity) {
 	}
 	MemoryContext old = MemoryContextSwitchTo(step_caller_context);
 	Oid role = RelayRole(nsp, rel);
+	if (OidIsValid(role) && step_ring) {
+		if (const char *problem = RingRightsProblem(nsp, role)) {
+			step_problem = psprintf("outbox.relay_role \"%s\" %s", settings.relay_role, problem);
+			role = InvalidOid;
+		}
+	}
 	MemoryContextSwitchTo(old);
 	if (!OidIsValid(role)) {
 		return AbandonStep(TableState::Refused);
@@ -676,6 +693,8 @@ LastStepProblem() {
 namespace {
 
 bool claim_open = false; // a claimed batch's transaction is open, waiting for RecordOutcomes
+bool claim_on_ring = false; // that batch was claimed on the ring (schema 0.4.0)
+TableState FinishClaim(Batch *batch);
 // Each round passes over at least one more (topic, key) held by a user's session; a user would
 // have to hold the first rows of this many keys, each with a batch's worth of events behind it,
 // to make a claim come back empty.
@@ -841,6 +860,11 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	if (state != TableState::Ready) {
 		return state;
 	}
+	claim_on_ring = step_ring;
+	if (step_ring) {
+		RingClaim(lanes, into, batch); // the ring's own claim (ring_claim.cpp); the tail below is shared
+		return FinishClaim(batch);
+	}
 	Datum lane_values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
 	Execute("requeue", requeue_stmt, lane_values, nullptr, SPI_OK_UPDATE);
 	*requeued = int64(SPI_processed);
@@ -884,6 +908,15 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 			break;
 		}
 	}
+	return FinishClaim(batch);
+}
+
+namespace {
+
+// The claim's end, on either schema: an empty batch commits the step; otherwise the WAL is
+// flushed (and the standbys waited for) and the transaction stays open for the publish.
+TableState
+FinishClaim(Batch *batch) {
 	if (batch->n == 0) {
 		EndStep();
 		return TableState::Ready;
@@ -899,6 +932,8 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	claim_open = true;
 	return TableState::Ready;
 }
+
+} // namespace
 
 namespace {
 
@@ -926,7 +961,11 @@ RecordPublished(const Batch &batch, const int *events, int n, const kafka::Deliv
 		return;
 	}
 	ResumeClaimStep("outbox relay: record");
-	UpdatePublished(batch, events, n, deliveries);
+	if (claim_on_ring) {
+		RingRecordPublished(batch, events, n, deliveries);
+	} else {
+		UpdatePublished(batch, events, n, deliveries);
+	}
 	PauseClaimStep();
 	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
 }
@@ -937,6 +976,11 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 	Assert(claim_open);
 	claim_open = false;
 	ResumeClaimStep("outbox relay: record");
+	if (claim_on_ring) {
+		int failed = RingRecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
+		EndStep();
+		return failed;
+	}
 	// Requeued events stay as they are: pending, their lock released by the commit.
 	int n = 0, n_published = 0;
 	int *published = static_cast<int *>(palloc(sizeof(int) * (batch.n > 0 ? batch.n : 1)));
@@ -1001,6 +1045,11 @@ MillisUntilNextRetry(const LaneSet &lanes) {
 	if (BeginStep("outbox relay: next retry") != TableState::Ready) {
 		return -1;
 	}
+	if (step_ring) {
+		int64 ms = RingMillisUntilNextRetry(lanes);
+		EndStep();
+		return ms;
+	}
 	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
 	Execute("next_retry", next_retry_stmt, values, nullptr, SPI_OK_SELECT);
 	bool isnull;
@@ -1015,11 +1064,40 @@ PurgeBatch(int retention_s, int batch_size) {
 	if (BeginStep("outbox relay: purge") != TableState::Ready) {
 		return 0;
 	}
+	if (step_ring) {
+		EndStep(); // the ring's retention (rotation and TRUNCATE) is not built: nothing is deleted
+		return 0;
+	}
 	Datum values[2] = {Int32GetDatum(retention_s), Int64GetDatum(int64(batch_size))};
 	Execute("purge", purge_stmt, values, nullptr, SPI_OK_DELETE);
 	int64 n = int64(SPI_processed);
 	EndStep();
 	return n;
 }
+
+// What the ring's claim and record borrow (relay_step.hpp).
+namespace step {
+
+void
+Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
+	outbox::Execute(step, stmt, values, nulls, expected);
+}
+
+Datum
+ArrayOf(Datum *elems, int n, Oid type) {
+	return outbox::ArrayOf(elems, n, type);
+}
+
+void
+CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
+	outbox::CopyClaimedRow(tuple, desc, e);
+}
+
+bool
+OnRing() {
+	return step_ring;
+}
+
+} // namespace step
 
 } // namespace outbox

@@ -1,0 +1,590 @@
+-- outbox 0.3.0 -> 0.4.0 (PREVIEW, not the default version): the insert-only queue's tables
+-- (DESIGN.md "The insert-only queue: the protocol to build", build step 2). Events go into a ring
+-- of generation tables, outbox.events_0 .. events_3, that are only ever INSERTed into (the
+-- commit-order re-stamp, which only raises order_lsn, is the one UPDATE); where an event landed
+-- goes into outbox.landed, what waits, failed or was passed unpublished into outbox.event_state,
+-- and each relay slot's position into outbox.cursors. outbox.events becomes a view with 0.3.0's
+-- columns. Not built in this version: rotation of the current member and its TRUNCATE retention
+-- (the current member is always events_0; outbox.purge() deletes nothing), the holes of the claim,
+-- dedup across members, the re-base on a changed outbox.workers or a restored dump.
+-- Only `ALTER EXTENSION outbox UPDATE TO '0.4.0'` or `CREATE EXTENSION outbox VERSION '0.4.0'`
+-- give it (docs/upgrading.md "0.4.0 preview").
+
+\echo Use "ALTER EXTENSION outbox UPDATE TO '0.4.0'" to load this file. \quit
+
+-- ---------------------------------------------------------------------------------------------
+-- What 0.3.0's table carried that the new objects take over, read before anything changes: the
+-- rights on outbox.events (its own and per column; they go to the view of that name), and the
+-- identity's position. (Kept for the transaction in settings of a prefix of its own: nothing is
+-- left behind.)
+-- ---------------------------------------------------------------------------------------------
+SELECT pg_catalog.set_config('outbox_upgrade.events_acl', coalesce(pg_catalog.jsonb_agg(g)::text, '[]'), true)
+FROM (SELECT NULL::text AS column_name, a.privilege_type AS privilege,
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee, a.is_grantable
+      FROM pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(c.relacl) a
+      WHERE c.oid = 'outbox.events'::pg_catalog.regclass AND a.grantee <> c.relowner
+      UNION ALL
+      SELECT t.attname::text, a.privilege_type,
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable
+      FROM pg_catalog.pg_attribute t, pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(t.attacl) a
+      WHERE t.attrelid = 'outbox.events'::pg_catalog.regclass AND c.oid = t.attrelid AND t.attnum > 0
+        AND NOT t.attisdropped AND a.grantee <> c.relowner) g;
+
+SELECT pg_catalog.set_config('outbox_upgrade.next_id',
+                             (SELECT pg_catalog.max(x)::text
+                              FROM (SELECT pg_catalog.max(e.id) AS x FROM outbox.events e
+                                    UNION ALL
+                                    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END
+                                    FROM outbox.events_id_seq s) m),
+                             true);
+
+-- ---------------------------------------------------------------------------------------------
+-- The first ring member is 0.3.0's table. Its outcome columns move out (below) and are dropped;
+-- its rows stay where they are (no rewrite).
+-- ---------------------------------------------------------------------------------------------
+ALTER TABLE outbox.events RENAME TO events_0;
+COMMENT ON TABLE outbox.events_0 IS
+	'Ring member 0 of the outbox queue (insert-only); read outbox.events, write with outbox.enqueue()';
+
+-- Where 0.3.0 published rows landed: one landed row each. A published row written by hand
+-- without a partition or offset keeps -1 there (landed's columns are NOT NULL; Kafka's are never
+-- negative), which outbox.events shows as NULL again.
+CREATE TABLE outbox.landed (
+	member          smallint    NOT NULL,
+	topic           text        NOT NULL,
+	kafka_partition integer     NOT NULL,
+	first_offset    bigint      NOT NULL,
+	-- ids[k] (k from 1) landed at first_offset + k - 1.
+	ids             bigint[]    NOT NULL,
+	published_at    timestamptz NOT NULL
+);
+COMMENT ON TABLE outbox.landed IS
+	'Where events landed: per batch, member, topic and partition, the ids in offset order from first_offset';
+
+INSERT INTO outbox.landed (member, topic, kafka_partition, first_offset, ids, published_at)
+SELECT 0, e.topic, coalesce(e.kafka_partition, -1), coalesce(e.kafka_offset, -1), ARRAY[e.id], e.published_at
+FROM outbox.events_0 e
+WHERE e.status = 'published'
+ORDER BY e.id;
+
+-- A copy of every event that waits for a retry, failed, was quarantined or was passed by a
+-- cursor unpublished, with its attempts; the relay deletes the row when it publishes the event.
+CREATE TABLE outbox.event_state (
+	id               bigint      PRIMARY KEY,
+	member           smallint    NOT NULL,
+	event_id         uuid        NOT NULL,
+	topic            text        NOT NULL,
+	key              text,
+	lane             smallint    NOT NULL,
+	payload          bytea,
+	headers          jsonb,
+	created_at       timestamptz NOT NULL,
+	order_lsn        pg_lsn      NOT NULL,
+	writer           xid8        NOT NULL,
+	target_partition integer,
+	ce_content_type  text,
+	ce_type          text,
+	ce_source        text,
+	status           text        NOT NULL,
+	attempts         integer     NOT NULL DEFAULT 0,
+	next_attempt_at  timestamptz,
+	last_error       text,
+	CONSTRAINT event_state_status_check CHECK (status IN ('pending', 'failed')),
+	CONSTRAINT event_state_attempts_check CHECK (attempts BETWEEN 0 AND 1000000)
+);
+CREATE INDEX event_state_lane_idx ON outbox.event_state (lane, order_lsn, id);
+CREATE INDEX event_state_key_idx ON outbox.event_state (topic, key, order_lsn, id);
+COMMENT ON TABLE outbox.event_state IS
+	'Events waiting for a retry, failed (see outbox.retry()) or held behind an earlier event of their key';
+
+-- Every 0.3.0 row not published: failed ones stay failed, the others are pending (an orphaned
+-- in_flight row of a 0.1.0 relay too), with their attempts, their retry time (NULL: due now) and
+-- last error. 0.3.0's rows had no writer: 0.
+INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, order_lsn,
+                                writer, target_partition, ce_content_type, ce_type, ce_source,
+                                status, attempts, next_attempt_at, last_error)
+SELECT e.id, 0, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at, e.order_lsn,
+       '0', e.target_partition, e.ce_content_type, e.ce_type, e.ce_source,
+       CASE WHEN e.status = 'failed' THEN 'failed' ELSE 'pending' END, e.attempts, e.next_attempt_at, e.last_error
+FROM outbox.events_0 e
+WHERE e.status <> 'published';
+
+-- ---------------------------------------------------------------------------------------------
+-- Monitoring and retries on the tables, before the columns they read go. Same names, columns and
+-- results as 0.3.0's.
+-- ---------------------------------------------------------------------------------------------
+
+-- The events, as 0.3.0's table showed them (same columns, names and order). status: the
+-- event_state row's, else 'published' when a landed row names the event, else 'pending'.
+-- published_at, kafka_partition and kafka_offset from landed; attempts, next_attempt_at and
+-- last_error from event_state; claimed_at is NULL (nothing is claimed by a lease any more).
+-- It reads every member and every landed row: a view for people and retries, not for the
+-- relay. INSERT goes into the current member (rows written by hand); UPDATE and DELETE are
+-- refused (triggers below).
+CREATE VIEW outbox.events AS
+SELECT m.id, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers,
+       CASE WHEN s.id IS NOT NULL THEN s.status WHEN p.id IS NOT NULL THEN 'published' ELSE 'pending' END AS status,
+       coalesce(s.attempts, 0) AS attempts,
+       s.next_attempt_at,
+       s.last_error,
+       m.created_at,
+       NULL::timestamptz AS claimed_at,
+       CASE WHEN s.id IS NULL THEN p.published_at END AS published_at,
+       CASE WHEN s.id IS NULL THEN p.kafka_partition END AS kafka_partition,
+       CASE WHEN s.id IS NULL THEN p.kafka_offset END AS kafka_offset,
+       m.order_lsn, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source
+FROM (SELECT 0::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at,
+             e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+      FROM outbox.events_0 e) m
+LEFT JOIN outbox.event_state s ON s.id = m.id
+LEFT JOIN (SELECT DISTINCT ON (l.member, u.id) l.member, u.id,
+                  nullif(l.kafka_partition, -1) AS kafka_partition,
+                  CASE WHEN l.first_offset >= 0 THEN l.first_offset + u.k - 1 END AS kafka_offset,
+                  l.published_at
+           FROM outbox.landed l, pg_catalog.unnest(l.ids) WITH ORDINALITY AS u(id, k)
+           ORDER BY l.member, u.id, l.published_at) p
+       ON p.member = m.member AND p.id = m.id;
+-- (The members 1 to 3 join the view once they exist, below.)
+
+CREATE OR REPLACE VIEW outbox.backlog AS
+SELECT topic,
+       count(*) FILTER (WHERE status = 'pending')   AS pending,
+       count(*) FILTER (WHERE status = 'in_flight') AS in_flight,
+       count(*) FILTER (WHERE status = 'failed')    AS failed,
+       count(*) FILTER (WHERE status = 'published') AS published,
+       now() - min(created_at) FILTER (WHERE status IN ('pending', 'in_flight'))
+           AS oldest_pending_age
+FROM outbox.events
+GROUP BY topic;
+
+CREATE OR REPLACE VIEW outbox.failed AS
+SELECT event_id, topic, key, attempts, last_error, created_at
+FROM outbox.event_state
+WHERE status = 'failed';
+
+-- ---------------------------------------------------------------------------------------------
+-- The member's shape: 0.3.0's outcome columns go (they are in landed and event_state now) with
+-- their indexes and the row check that read them; id becomes a plain bigint drawn from a
+-- sequence every member shares; writer (the inserting top-level transaction) is new.
+-- ---------------------------------------------------------------------------------------------
+DROP INDEX outbox.events_pending_idx;
+DROP INDEX outbox.events_waiting_idx;
+DROP INDEX outbox.events_in_flight_idx;
+DROP INDEX outbox.events_published_idx;
+ALTER TABLE outbox.events_0
+	DROP CONSTRAINT events_row_check,
+	DROP CONSTRAINT events_pkey,
+	DROP COLUMN status,
+	DROP COLUMN attempts,
+	DROP COLUMN next_attempt_at,
+	DROP COLUMN last_error,
+	DROP COLUMN claimed_at,
+	DROP COLUMN published_at,
+	DROP COLUMN kafka_partition,
+	DROP COLUMN kafka_offset;
+ALTER TABLE outbox.events_0 RENAME CONSTRAINT events_event_id_key TO events_0_event_id_key;
+
+-- The identity's sequence (outbox.events_id_seq) goes with the identity; a plain sequence of the
+-- same name follows it, above every id given so far.
+ALTER EXTENSION outbox DROP SEQUENCE outbox.events_id_seq;
+ALTER TABLE outbox.events_0 ALTER COLUMN id DROP IDENTITY;
+CREATE SEQUENCE outbox.events_id_seq AS bigint;
+SELECT pg_catalog.setval('outbox.events_id_seq',
+                         greatest(coalesce(current_setting('outbox_upgrade.next_id')::bigint, 0), 0) + 1, false);
+ALTER TABLE outbox.events_0
+	ALTER COLUMN id SET NOT NULL,
+	ALTER COLUMN id SET DEFAULT pg_catalog.nextval('outbox.events_id_seq'),
+	-- The stamp trigger sets it (a default would hide a row that bypassed the trigger).
+	ALTER COLUMN order_lsn DROP DEFAULT,
+	ADD COLUMN writer xid8 NOT NULL DEFAULT '0';
+ALTER TABLE outbox.events_0 ALTER COLUMN writer DROP DEFAULT;
+SELECT pg_catalog.set_config('outbox_upgrade.next_id', '', true);
+
+-- The other members: the same columns in the same order (events_0's physical order may differ:
+-- it keeps its dropped columns; every statement names columns).
+CREATE TABLE outbox.events_1 (
+	id               bigint      NOT NULL DEFAULT pg_catalog.nextval('outbox.events_id_seq'),
+	event_id         uuid        NOT NULL,
+	topic            text        NOT NULL,
+	key              text,
+	lane             smallint    NOT NULL,
+	payload          bytea,
+	headers          jsonb,
+	created_at       timestamptz NOT NULL DEFAULT now(),
+	order_lsn        pg_lsn      NOT NULL,
+	writer           xid8        NOT NULL,
+	target_partition integer,
+	ce_content_type  text,
+	ce_type          text,
+	ce_source        text
+);
+CREATE TABLE outbox.events_2 (LIKE outbox.events_1 INCLUDING DEFAULTS);
+CREATE TABLE outbox.events_3 (LIKE outbox.events_1 INCLUDING DEFAULTS);
+
+-- Per member: the claim's index, dedup of event ids, the row rules (0.3.0's events_row_check
+-- with what a member row always is: pending, no outcome), the stamp and the guard. events_0's
+-- rows passed the same rules under 0.3.0's check: not scanned again (NOT VALID).
+CREATE FUNCTION outbox.generation_stamp()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_generation_stamp'
+LANGUAGE C VOLATILE;
+
+-- Refuses UPDATE and DELETE of a member row (and TRUNCATE of a member): the queue is insert-only.
+-- The one exception is the commit-order re-stamp of the extension's own commit path, which may
+-- only raise order_lsn (src/enqueue/generation_guard.cpp).
+CREATE FUNCTION outbox.generation_guard()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_generation_guard'
+LANGUAGE C VOLATILE;
+
+REVOKE ALL ON FUNCTION outbox.generation_stamp(), outbox.generation_guard() FROM PUBLIC;
+
+DO $$
+DECLARE
+	n int;
+BEGIN
+	FOR n IN 0..3 LOOP
+		EXECUTE format('CREATE INDEX events_%s_order_idx ON outbox.events_%s (order_lsn, id)', n, n);
+		IF n > 0 THEN
+			EXECUTE format('ALTER TABLE outbox.events_%s ADD CONSTRAINT events_%s_event_id_key UNIQUE (event_id)', n, n);
+		END IF;
+		EXECUTE format('ALTER TABLE outbox.events_%s ADD CONSTRAINT events_%s_row_check '
+		               'CHECK (outbox.events_row_check(''pending'', lane, key, event_id, topic, headers, payload IS NOT NULL, 0, '
+		               'created_at, NULL, NULL, NULL, NULL, NULL, target_partition, ce_content_type, ce_type, ce_source)) %s',
+		               n, n, CASE WHEN n = 0 THEN 'NOT VALID' ELSE '' END);
+		-- "~" sorts after letters: the stamp is the last BEFORE INSERT trigger, the guard the last
+		-- BEFORE UPDATE/DELETE one (it sees the row as the other triggers left it).
+		EXECUTE format('CREATE TRIGGER "~outbox_stamp" BEFORE INSERT ON outbox.events_%s '
+		               'FOR EACH ROW EXECUTE FUNCTION outbox.generation_stamp()', n);
+		EXECUTE format('CREATE TRIGGER "~outbox_guard" BEFORE UPDATE OR DELETE ON outbox.events_%s '
+		               'FOR EACH ROW EXECUTE FUNCTION outbox.generation_guard()', n);
+		EXECUTE format('CREATE TRIGGER "~outbox_guard_truncate" BEFORE TRUNCATE ON outbox.events_%s '
+		               'FOR EACH STATEMENT EXECUTE FUNCTION outbox.generation_guard()', n);
+		-- Also under session_replication_role = replica (a restore, logical replication).
+		EXECUTE format('ALTER TABLE outbox.events_%s ENABLE ALWAYS TRIGGER "~outbox_stamp", '
+		               'ENABLE ALWAYS TRIGGER "~outbox_guard", ENABLE ALWAYS TRIGGER "~outbox_guard_truncate"', n);
+		IF n > 0 THEN
+			EXECUTE format('COMMENT ON TABLE outbox.events_%s IS %L', n,
+			               format('Ring member %s of the outbox queue (insert-only); read outbox.events, write with outbox.enqueue()', n));
+		END IF;
+	END LOOP;
+END
+$$;
+
+-- The view over every member.
+CREATE OR REPLACE VIEW outbox.events AS
+SELECT m.id, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers,
+       CASE WHEN s.id IS NOT NULL THEN s.status WHEN p.id IS NOT NULL THEN 'published' ELSE 'pending' END AS status,
+       coalesce(s.attempts, 0) AS attempts,
+       s.next_attempt_at,
+       s.last_error,
+       m.created_at,
+       NULL::timestamptz AS claimed_at,
+       CASE WHEN s.id IS NULL THEN p.published_at END AS published_at,
+       CASE WHEN s.id IS NULL THEN p.kafka_partition END AS kafka_partition,
+       CASE WHEN s.id IS NULL THEN p.kafka_offset END AS kafka_offset,
+       m.order_lsn, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source
+FROM (SELECT 0::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at,
+             e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+      FROM outbox.events_0 e
+      UNION ALL
+      SELECT 1::smallint, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at,
+             e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+      FROM outbox.events_1 e
+      UNION ALL
+      SELECT 2::smallint, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at,
+             e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+      FROM outbox.events_2 e
+      UNION ALL
+      SELECT 3::smallint, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at,
+             e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+      FROM outbox.events_3 e) m
+LEFT JOIN outbox.event_state s ON s.id = m.id
+LEFT JOIN (SELECT DISTINCT ON (l.member, u.id) l.member, u.id,
+                  nullif(l.kafka_partition, -1) AS kafka_partition,
+                  CASE WHEN l.first_offset >= 0 THEN l.first_offset + u.k - 1 END AS kafka_offset,
+                  l.published_at
+           FROM outbox.landed l, pg_catalog.unnest(l.ids) WITH ORDINALITY AS u(id, k)
+           ORDER BY l.member, u.id, l.published_at) p
+       ON p.member = m.member AND p.id = m.id;
+
+COMMENT ON VIEW outbox.events IS
+	'Outbox events (every ring member, with their status); write with outbox.enqueue(), watch with outbox.backlog and outbox.failed';
+
+-- ---------------------------------------------------------------------------------------------
+-- The ring, the relay's cursors, and where the cursors start.
+-- ---------------------------------------------------------------------------------------------
+CREATE TABLE outbox.ring (
+	member     smallint PRIMARY KEY,
+	is_current boolean,
+	opened_at  timestamptz,
+	sealed_lsn pg_lsn
+);
+COMMENT ON TABLE outbox.ring IS
+	'The ring of generation tables outbox.events_0 .. events_3: which one enqueue writes (is_current)';
+-- Rotation is not built (0.4.0 preview): events_0 is the current member for good.
+INSERT INTO outbox.ring (member, is_current, opened_at, sealed_lsn)
+VALUES (0, true, now(), NULL), (1, false, NULL, NULL), (2, false, NULL, NULL), (3, false, NULL, NULL);
+
+-- Slot `worker` of `n_workers` has passed every member row with (order_lsn, id) at or below its
+-- (order_lsn, id). The relay creates a slot's row when missing, at (outbox.ring_start, 0).
+CREATE TABLE outbox.cursors (
+	n_workers         integer,
+	worker            integer,
+	order_lsn         pg_lsn      NOT NULL,
+	id                bigint      NOT NULL,
+	system_identifier bigint      NOT NULL,
+	updated_at        timestamptz NOT NULL,
+	PRIMARY KEY (n_workers, worker)
+);
+COMMENT ON TABLE outbox.cursors IS
+	'Relay slots (worker of n_workers): the (order_lsn, id) position each has passed in the ring';
+
+-- One row: the WAL insert position at the end of this script. Member rows below it were handled
+-- here (the pending ones are in event_state, the published ones in landed): no cursor walks them.
+CREATE TABLE outbox.ring_start (
+	order_lsn pg_lsn NOT NULL
+);
+COMMENT ON TABLE outbox.ring_start IS
+	'Where the relay cursors start: member rows below it were moved into event_state or landed by the upgrade';
+
+-- ---------------------------------------------------------------------------------------------
+-- The view's writes. INSERT: a row written by hand goes into the current member, pending (its
+-- outcome columns must be left out); COPY into the view works the same way. INSERT ... ON
+-- CONFLICT on the view is not supported (docs/upgrading.md). UPDATE and DELETE: refused.
+-- SECURITY DEFINER: the rights asked are the view's (INSERT on outbox.events), never the member's.
+-- ---------------------------------------------------------------------------------------------
+CREATE FUNCTION outbox.events_insert()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	current_member smallint;
+BEGIN
+	IF NEW.id IS NOT NULL THEN
+		RAISE EXCEPTION 'cannot insert a value into column "id" of outbox.events'
+			USING ERRCODE = 'generated_always',
+			      DETAIL = 'Event ids are drawn from outbox.events_id_seq.',
+			      HINT = 'Leave id out of the column list.';
+	END IF;
+	IF coalesce(NEW.status, 'pending') <> 'pending' OR coalesce(NEW.attempts, 0) <> 0
+	   OR NEW.next_attempt_at IS NOT NULL OR NEW.last_error IS NOT NULL OR NEW.claimed_at IS NOT NULL
+	   OR NEW.published_at IS NOT NULL OR NEW.kafka_partition IS NOT NULL OR NEW.kafka_offset IS NOT NULL THEN
+		RAISE EXCEPTION 'a row inserted into outbox.events is a pending event'
+			USING ERRCODE = 'feature_not_supported',
+			      DETAIL = 'status, attempts, next_attempt_at, last_error, claimed_at, published_at, kafka_partition '
+			               'and kafka_offset are the relay''s; on 0.4.0 they are not stored in the event.',
+			      HINT = 'Leave those columns out of the column list (or NULL, status ''pending'', attempts 0).';
+	END IF;
+	SELECT r.member INTO current_member FROM outbox.ring r WHERE r.is_current;
+	IF current_member IS NULL THEN
+		RAISE EXCEPTION 'outbox.ring has no current member'
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			      HINT = 'outbox.ring belongs to the extension: do not change it by hand.';
+	END IF;
+	-- order_lsn and writer: the member's stamp trigger sets them, whatever the row said.
+	EXECUTE format('INSERT INTO outbox.%I (event_id, topic, key, lane, payload, headers, created_at, '
+	               'target_partition, ce_content_type, ce_type, ce_source) '
+	               'VALUES ($1, $2, $3, $4, $5, $6, coalesce($7, pg_catalog.now()), $8, $9, $10, $11) '
+	               'RETURNING id, created_at, order_lsn', 'events_' || current_member)
+	INTO NEW.id, NEW.created_at, NEW.order_lsn
+	USING NEW.event_id, NEW.topic, NEW.key, NEW.lane, NEW.payload, NEW.headers, NEW.created_at,
+	      NEW.target_partition, NEW.ce_content_type, NEW.ce_type, NEW.ce_source;
+	NEW.status := 'pending';
+	NEW.attempts := 0;
+	RETURN NEW;
+END
+$$;
+
+CREATE FUNCTION outbox.events_refuse()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+	RAISE EXCEPTION 'cannot % outbox.events: its events are insert-only', TG_OP
+		USING ERRCODE = 'object_not_in_prerequisite_state',
+		      DETAIL = 'On 0.4.0 outbox.events is a view over the ring of generation tables, which are never updated '
+		               'or deleted from.',
+		      HINT = 'outbox.retry() and outbox.retry_failed() put failed events back; outbox.purge() is the retention.';
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox.events_insert(), outbox.events_refuse() FROM PUBLIC;
+
+CREATE TRIGGER "~outbox_insert" INSTEAD OF INSERT ON outbox.events
+	FOR EACH ROW EXECUTE FUNCTION outbox.events_insert();
+CREATE TRIGGER "~outbox_refuse" INSTEAD OF UPDATE OR DELETE ON outbox.events
+	FOR EACH ROW EXECUTE FUNCTION outbox.events_refuse();
+
+-- ---------------------------------------------------------------------------------------------
+-- Functions that wrote 0.3.0's table.
+-- ---------------------------------------------------------------------------------------------
+CREATE OR REPLACE FUNCTION outbox.retry(event_id uuid)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	current_status text;
+BEGIN
+	IF retry.event_id IS NULL THEN
+		RAISE EXCEPTION 'event_id must not be NULL'
+			USING ERRCODE = 'null_value_not_allowed',
+			      HINT = 'Pass the event_id shown by outbox.failed.';
+	END IF;
+	SELECT s.status INTO current_status FROM outbox.event_state s WHERE s.event_id = retry.event_id
+	FOR UPDATE;
+	IF NOT FOUND THEN
+		SELECT e.status INTO current_status FROM outbox.events e WHERE e.event_id = retry.event_id;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'no outbox event with event_id %', retry.event_id
+				USING ERRCODE = 'no_data_found',
+				      HINT = 'outbox.failed lists the events that can be retried.';
+		END IF;
+	END IF;
+	IF current_status <> 'failed' THEN
+		RAISE EXCEPTION 'outbox event % is %, not failed', retry.event_id, current_status
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			      HINT = 'Only events in outbox.failed can be retried.';
+	END IF;
+	UPDATE outbox.event_state s
+	SET status = 'pending', attempts = 0, next_attempt_at = NULL
+	WHERE s.event_id = retry.event_id;
+	PERFORM outbox.wake_relay_at_commit();
+	RETURN 1;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION outbox.retry_failed(topic text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	retried bigint;
+BEGIN
+	UPDATE outbox.event_state s
+	SET status = 'pending', attempts = 0, next_attempt_at = NULL
+	WHERE s.status = 'failed' AND (retry_failed.topic IS NULL OR s.topic = retry_failed.topic);
+	GET DIAGNOSTICS retried = ROW_COUNT;
+	IF retried > 0 THEN
+		PERFORM outbox.wake_relay_at_commit();
+	END IF;
+	RETURN retried;
+END
+$$;
+
+-- Retention on 0.4.0 is the rotation of the ring and the TRUNCATE of a sealed member (DESIGN.md
+-- "Retention"), which this preview does not have: purge() checks its arguments as before, says
+-- so with a NOTICE, deletes nothing and returns 0 (so purge_all() and the relay's purge stop at
+-- once). Not even the landed rows: without its landed row an event the relay published would
+-- read as pending in outbox.events.
+CREATE OR REPLACE FUNCTION outbox.purge(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	retention interval := current_setting('outbox.retention')::interval;
+BEGIN
+	IF older_than IS NULL THEN
+		IF retention = interval '0' THEN
+			RAISE EXCEPTION 'outbox.purge() needs older_than while outbox.retention is 0 (off)'
+				USING ERRCODE = 'null_value_not_allowed',
+				      HINT = 'Pass the window, e.g. outbox.purge(interval ''7 days'').';
+		END IF;
+		older_than := retention;
+	END IF;
+	IF older_than < interval '0' THEN
+		RAISE EXCEPTION 'older_than must not be negative: %', older_than
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Pass how old a published event must be to be deleted, e.g. interval ''7 days''.';
+	END IF;
+	IF batch_size IS NULL OR batch_size < 1 THEN
+		RAISE EXCEPTION 'batch_size must be a positive integer, not %', coalesce(batch_size::text, 'NULL')
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Use a batch of a few thousand rows and call outbox.purge() again until it returns less.';
+	END IF;
+	RAISE NOTICE 'outbox.purge() deletes nothing on schema 0.4.0 (a preview): its retention, rotating the ring of generation tables, is not built yet'
+		USING HINT = 'Every event is kept; docs/upgrading.md "0.4.0 preview".';
+	RETURN 0;
+END
+$$;
+
+-- outbox.topic_metrics() (SQL, reading outbox.events by status) reads the view unchanged.
+
+-- ---------------------------------------------------------------------------------------------
+-- pg_dump: the ring's data with the events (events_0 was dumped as outbox.events before). The
+-- ring and ring_start rows are made by this script (a dump would add them twice).
+-- ---------------------------------------------------------------------------------------------
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_1', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_2', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_3', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.landed', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.event_state', '');
+SELECT pg_catalog.pg_extension_config_dump('outbox.cursors', '');
+
+-- ---------------------------------------------------------------------------------------------
+-- Rights. Nothing for PUBLIC. Whoever had rights on 0.3.0's table gets them on the view of its
+-- name (SELECT, INSERT; UPDATE and DELETE too, which the view refuses with a hint), per table
+-- and per column; nobody keeps any on the members, except the relay's SELECT. The relay's role
+-- (outbox.relay_role, as 0.2.0 made it) reads the members, the ring and ring_start and writes
+-- cursors, landed and event_state.
+-- ---------------------------------------------------------------------------------------------
+REVOKE ALL ON outbox.events, outbox.events_1, outbox.events_2, outbox.events_3, outbox.ring, outbox.cursors,
+              outbox.ring_start, outbox.landed, outbox.event_state, outbox.events_id_seq FROM PUBLIC;
+
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.events_acl')::jsonb)
+	                       AS x(column_name text, privilege text, grantee text, is_grantable boolean) LOOP
+		-- 0.3.0's table rights of one role, from the table or from a column.
+		-- (A dropped column's rights went with it.)
+		IF g.column_name IS NULL THEN
+			EXECUTE format('REVOKE ALL ON outbox.events_0 FROM %s', g.grantee);
+		ELSIF EXISTS (SELECT FROM pg_catalog.pg_attribute t
+		              WHERE t.attrelid = 'outbox.events_0'::pg_catalog.regclass AND t.attname = g.column_name
+		                AND NOT t.attisdropped) THEN
+			EXECUTE format('REVOKE ALL (%I) ON outbox.events_0 FROM %s', g.column_name, g.grantee);
+		END IF;
+		IF g.privilege IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') THEN
+			EXECUTE format('GRANT %s%s ON outbox.events TO %s%s', g.privilege,
+			               CASE WHEN g.column_name IS NULL THEN '' ELSE format(' (%I)', g.column_name) END,
+			               g.grantee, CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+		END IF;
+	END LOOP;
+END
+$$;
+SELECT pg_catalog.set_config('outbox_upgrade.events_acl', '', true);
+
+DO $$
+DECLARE
+	relay_role text := current_setting('outbox.relay_role');
+	r record;
+BEGIN
+	SELECT * INTO r FROM pg_catalog.pg_roles WHERE rolname = relay_role;
+	IF NOT FOUND THEN
+		EXECUTE format('CREATE ROLE %I NOLOGIN', relay_role);
+	ELSIF r.rolsuper OR r.rolcanlogin OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolbypassrls THEN
+		RAISE EXCEPTION 'outbox.relay_role "%" is a role with SUPERUSER, LOGIN, CREATEROLE, CREATEDB, REPLICATION or BYPASSRLS', relay_role
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'The relay runs as this role: name a plain NOLOGIN role, or drop the setting to use outbox_relay.';
+	END IF;
+	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', relay_role);
+	-- The view: what the relay's checks of 0.3.0 looked at (it writes nothing through it).
+	EXECUTE format('REVOKE ALL ON outbox.events FROM %I', relay_role);
+	EXECUTE format('GRANT SELECT ON outbox.events TO %I', relay_role);
+	EXECUTE format('GRANT SELECT ON outbox.events_0, outbox.events_1, outbox.events_2, outbox.events_3, '
+	               'outbox.ring, outbox.ring_start TO %I', relay_role);
+	EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.cursors, outbox.landed, outbox.event_state TO %I',
+	               relay_role);
+END
+$$;
+
+-- Last: the WAL insert position once every row above is in place.
+INSERT INTO outbox.ring_start (order_lsn) VALUES (pg_catalog.pg_current_wal_insert_lsn());

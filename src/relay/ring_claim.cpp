@@ -1,0 +1,765 @@
+// The claim and record on schema 0.4.0's ring (DESIGN.md "The insert-only queue", build step 3,
+// a preview): events are only ever INSERTed into the generation tables outbox.events_0 .. 3; a
+// relay slot (worker i of N) walks them in (order_lsn, id) order from its cursor
+// (outbox.cursors), up to the safe horizon of the registry of open writers
+// (shared/open_writers.hpp: no transaction still in progress can commit a row below it), and
+// writes per batch one landed row per run of offsets of a (member, topic, partition), the cursor,
+// and for the rare outcomes a row of outbox.event_state (a retry, failed, quarantined, held
+// behind an earlier event of its key, passed unpublished). No member row is written.
+//
+// What 0.3.0's claim promises holds the same way: one publisher per slot (the cursor row, FOR
+// UPDATE SKIP LOCKED; lanes % N = i); per-(topic, key) commit order (order_lsn follows commit
+// order per key, the walk and the event_state rows are taken in that order, and a member row
+// whose key has an event_state row waiting (or failed, under block_key) is not sent but copied
+// into event_state behind it); nothing published before its commit is durable (relay_sql.cpp's
+// FlushBeforePublish); a crash or ERROR before the record's commit leaves cursor, landed and
+// event_state as they were: the batch is sent again (at-least-once).
+// Not built (later steps): the holes (a long or prepared writer holds the horizon back while it
+// is open), rotation and TRUNCATE retention, the re-base of a cursor on a restored dump, dedup
+// across members.
+#include "relay/ring_claim.hpp"
+
+#include "relay/relay_step.hpp"
+#include "shared/guc.hpp"
+#include "shared/open_writers.hpp"
+
+namespace outbox {
+
+namespace {
+
+constexpr int kMembers = 4;
+
+// The slot's cursor row, locked: one publisher per slot. A slot locked elsewhere (a worker of
+// another count still finishing, a user) is skipped this round.
+const char *const kCursorLockSql = R"SQL(
+SELECT c.order_lsn, c.id FROM outbox.cursors c
+WHERE c.n_workers = $1 AND c.worker = $2
+FOR UPDATE OF c SKIP LOCKED
+)SQL";
+
+// A slot's first row: at outbox.ring_start, or, when another worker count ran last (a change of
+// outbox.workers), at the lowest cursor of that count (nothing of any lane below it is left
+// unhandled; rows between it and an old slot's own cursor are sent again: the re-base that
+// avoids those duplicates is not built).
+const char *const kCursorCreateSql = R"SQL(
+INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at)
+SELECT $1, $2, p.order_lsn, p.id, $3, statement_timestamp()
+FROM (SELECT c.order_lsn, c.id, 0 AS rank FROM outbox.cursors c
+      WHERE c.n_workers = (SELECT o.n_workers FROM outbox.cursors o WHERE o.n_workers <> $1
+                           ORDER BY o.updated_at DESC LIMIT 1)
+      UNION ALL
+      SELECT r.order_lsn, 0::bigint, 1 FROM outbox.ring_start r) p
+ORDER BY p.rank, p.order_lsn, p.id
+LIMIT 1
+ON CONFLICT (n_workers, worker) DO NOTHING
+)SQL";
+
+// The cursor only moves forward.
+const char *const kCursorMoveSql = R"SQL(
+UPDATE outbox.cursors c SET order_lsn = $3, id = $4, updated_at = statement_timestamp()
+WHERE c.n_workers = $1 AND c.worker = $2 AND (c.order_lsn, c.id) < ($3::pg_lsn, $4::bigint)
+)SQL";
+
+// Candidates (1): due pending event_state rows of the slot's lanes, in order, read without
+// locks; a row behind an earlier row of its (topic, key) that waits for its retry or (block_key)
+// failed is not one. Then locked by ctid (kStateLockSql); a candidate not returned (a user's
+// retry() holds it) stops its (topic, key) for the batch.
+const char *const kStateCandidatesSql = R"SQL(
+SELECT s.ctid, s.id, s.topic, s.key,
+       (coalesce(octet_length(s.payload), 0) + coalesce(octet_length(s.key), 0)
+        + coalesce(octet_length(s.headers::text), 0))::bigint
+FROM outbox.event_state s
+WHERE s.status = 'pending' AND (s.next_attempt_at IS NULL OR s.next_attempt_at <= now())
+  AND (s.lane::integer % $1 + $1) % $1 = $2
+  AND (s.key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM outbox.event_state b
+        WHERE b.topic = s.topic AND b.key = s.key AND (b.order_lsn, b.id) < (s.order_lsn, s.id)
+          AND ((b.status = 'failed' AND $4)
+               OR (b.status = 'pending' AND b.next_attempt_at IS NOT NULL AND b.next_attempt_at > now()))))
+ORDER BY s.order_lsn, s.id
+LIMIT $3
+)SQL";
+
+// The claimed row's layout (relay_step.hpp's CopyClaimedRow), 9 member, 10 order_lsn, 16 ctid,
+// 17 still pending.
+const char *const kStateLockSql = R"SQL(
+SELECT s.id, s.event_id::text, s.topic, s.key, s.payload,
+       CASE WHEN jsonb_typeof(s.headers) = 'object'
+            THEN ARRAY(SELECT h.key FROM jsonb_each_text(s.headers) h ORDER BY h.key) END,
+       CASE WHEN jsonb_typeof(s.headers) = 'object'
+            THEN ARRAY(SELECT h.value FROM jsonb_each_text(s.headers) h ORDER BY h.key) END,
+       s.headers IS NOT NULL AND jsonb_typeof(s.headers) <> 'object',
+       s.member, s.order_lsn,
+       s.created_at, s.target_partition, s.ce_content_type, s.ce_type, s.ce_source,
+       s.ctid, s.status = 'pending'
+FROM outbox.event_state s
+WHERE s.ctid = ANY ($1::tid[])
+FOR UPDATE OF s SKIP LOCKED
+)SQL";
+
+// Candidates (3): member rows of the slot's lanes after the cursor and below the safe horizon,
+// in (order_lsn, id) order over every member (a merge of their order indexes), in the claimed
+// row's layout, 9 member, 10 order_lsn, 16 size for the byte budget, 17 held: the key has an
+// event_state row that waits (or failed, under block_key), which the row must not overtake.
+// No lock: members are insert-only, and the cursor row serialises the slot's claims.
+#define OUTBOX_RING_MEMBER(n)                                                                                         \
+	"SELECT " #n "::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, "             \
+	"e.created_at, e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source FROM outbox.events_" #n " e"
+const char *const kMemberCandidatesSql =
+    "SELECT m.id, m.event_id::text, m.topic, m.key, m.payload, "
+    "       CASE WHEN jsonb_typeof(m.headers) = 'object' "
+    "            THEN ARRAY(SELECT h.key FROM jsonb_each_text(m.headers) h ORDER BY h.key) END, "
+    "       CASE WHEN jsonb_typeof(m.headers) = 'object' "
+    "            THEN ARRAY(SELECT h.value FROM jsonb_each_text(m.headers) h ORDER BY h.key) END, "
+    "       m.headers IS NOT NULL AND jsonb_typeof(m.headers) <> 'object', "
+    "       m.member, m.order_lsn, "
+    "       m.created_at, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source, "
+    "       (coalesce(octet_length(m.payload), 0) + coalesce(octet_length(m.key), 0) "
+    "        + coalesce(octet_length(m.headers::text), 0))::bigint, "
+    "       m.key IS NOT NULL AND EXISTS (SELECT 1 FROM outbox.event_state s "
+    "                                     WHERE s.topic = m.topic AND s.key = m.key "
+    "                                       AND (s.status = 'pending' OR $7)) "
+    "FROM (" OUTBOX_RING_MEMBER(0) " UNION ALL " OUTBOX_RING_MEMBER(1) " UNION ALL " OUTBOX_RING_MEMBER(2)
+    " UNION ALL " OUTBOX_RING_MEMBER(3) ") m "
+    "WHERE (m.order_lsn, m.id) > ($3::pg_lsn, $4::bigint) AND m.order_lsn < $5::pg_lsn "
+    "  AND (m.lane::integer % $1 + $1) % $1 = $2 "
+    "ORDER BY m.order_lsn, m.id "
+    "LIMIT $6";
+#undef OUTBOX_RING_MEMBER
+
+// Where events landed: one row per run of consecutive offsets of a (member, topic, partition);
+// $5/$6 give each event's run and id in offset order.
+const char *const kLandedSql = R"SQL(
+INSERT INTO outbox.landed (member, topic, kafka_partition, first_offset, ids, published_at)
+SELECT r.member, r.topic, r.kafka_partition, r.first_offset, g.ids, statement_timestamp()
+FROM unnest($1::smallint[], $2::text[], $3::integer[], $4::bigint[]) WITH ORDINALITY
+     AS r(member, topic, kafka_partition, first_offset, run)
+JOIN (SELECT e.run, array_agg(e.id ORDER BY e.ord) AS ids
+      FROM unnest($5::bigint[], $6::bigint[]) WITH ORDINALITY AS e(run, id, ord)
+      GROUP BY e.run) g ON g.run = r.run
+)SQL";
+
+// A published event_state row goes (the event is published when a landed row names it and it
+// has no event_state row).
+const char *const kStateDeleteSql = R"SQL(
+DELETE FROM outbox.event_state s WHERE s.id = ANY ($1::bigint[]) AND s.status = 'pending'
+)SQL";
+
+// The other outcomes of event_state rows, as relay_sql.cpp's kRecordSql writes them on 0.3.0
+// (the same clamps, backoff and jitter); a requeued row is left as it is.
+const char *const kStateUpdateSql = R"SQL(
+WITH o AS (
+	SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[]) AS o(id, outcome, error)
+), updated AS (
+	UPDATE outbox.event_state e SET
+		status = CASE o.outcome
+		           WHEN 'r' THEN CASE WHEN greatest(least(e.attempts, 999999), 0) + 1 >= $4 THEN 'failed' ELSE 'pending' END
+		           WHEN 'x' THEN 'failed'
+		           ELSE 'pending' END,
+		attempts = CASE WHEN o.outcome = 'r' THEN greatest(least(e.attempts, 999999), 0) + 1 ELSE e.attempts END,
+		last_error = coalesce(o.error, e.last_error),
+		next_attempt_at = CASE o.outcome
+		    WHEN 'r' THEN statement_timestamp() + make_interval(secs => least($6::float8, $5::float8 * power(2::float8, greatest(0, least(e.attempts, 30))::float8))
+		                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8)
+		    WHEN 'd' THEN statement_timestamp() + make_interval(secs => $7::float8 / 1000.0::float8)
+		    ELSE NULL END
+	FROM o
+	WHERE e.id = o.id AND e.status = 'pending'
+	RETURNING e.event_id, e.topic, e.status, e.attempts, e.last_error
+)
+SELECT event_id::text, topic, status, attempts, last_error FROM updated
+)SQL";
+
+// Member rows into event_state, copied from their member by (order_lsn, id) (the order index):
+// 'h' held behind its key and 'q' passed unpublished (pending, due now), 'r' a first attempt
+// refused (backoff, or failed at max_attempts = 1), 'd' deferred, 'x' quarantined (failed).
+#define OUTBOX_RING_SOURCE(n)                                                                                         \
+	"SELECT o.outcome, o.error, o.member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, "           \
+	"e.created_at, e.order_lsn, e.writer, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source "             \
+	"FROM o JOIN outbox.events_" #n " e ON e.order_lsn = o.order_lsn AND e.id = o.id WHERE o.member = " #n
+const char *const kStateInsertSql =
+    "WITH o AS ("
+    "  SELECT * FROM unnest($1::bigint[], $2::smallint[], $3::pg_lsn[], $4::text[], $5::text[]) "
+    "    AS o(id, member, order_lsn, outcome, error)"
+    "), src AS (" OUTBOX_RING_SOURCE(0) " UNION ALL " OUTBOX_RING_SOURCE(1) " UNION ALL " OUTBOX_RING_SOURCE(2)
+    " UNION ALL " OUTBOX_RING_SOURCE(3) "), inserted AS ("
+    "  INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, "
+    "      order_lsn, writer, target_partition, ce_content_type, ce_type, ce_source, status, attempts, "
+    "      next_attempt_at, last_error) "
+    "  SELECT src.id, src.member, src.event_id, src.topic, src.key, src.lane, src.payload, src.headers, "
+    "      src.created_at, src.order_lsn, src.writer, src.target_partition, src.ce_content_type, src.ce_type, "
+    "      src.ce_source, "
+    "      CASE src.outcome WHEN 'x' THEN 'failed' WHEN 'r' THEN CASE WHEN 1 >= $6 THEN 'failed' ELSE 'pending' END "
+    "                       ELSE 'pending' END, "
+    "      CASE WHEN src.outcome = 'r' THEN 1 ELSE 0 END, "
+    "      CASE src.outcome "
+    "        WHEN 'r' THEN statement_timestamp() + make_interval(secs => least($8::float8, $7::float8) "
+    "                                               * (0.5::float8 + random() / 2::float8) / 1000.0::float8) "
+    "        WHEN 'd' THEN statement_timestamp() + make_interval(secs => $9::float8 / 1000.0::float8) "
+    "        ELSE NULL END, "
+    "      src.error "
+    "  FROM src "
+    "  ON CONFLICT (id) DO NOTHING "
+    "  RETURNING event_id, topic, status, attempts, last_error"
+    ") SELECT event_id::text, topic, status, attempts, last_error FROM inserted";
+#undef OUTBOX_RING_SOURCE
+
+const char *const kNextRetrySql =
+    "SELECT (extract(epoch FROM least(min(next_attempt_at), now() + interval '1 hour') - now()) * 1000::numeric)"
+    "::bigint FROM outbox.event_state "
+    "WHERE status = 'pending' AND next_attempt_at IS NOT NULL AND next_attempt_at > now() "
+    "AND (lane::integer % $1 + $1) % $1 = $2";
+
+Statement cursor_lock_stmt = {kCursorLockSql, 2, {INT4OID, INT4OID}, 0, nullptr};
+Statement cursor_create_stmt = {kCursorCreateSql, 3, {INT4OID, INT4OID, INT8OID}, 0, nullptr};
+Statement cursor_move_stmt = {kCursorMoveSql, 4, {INT4OID, INT4OID, PG_LSNOID, INT8OID}, 0, nullptr};
+Statement state_candidates_stmt = {kStateCandidatesSql, 4, {INT4OID, INT4OID, INT4OID, BOOLOID}, 0, nullptr};
+Statement state_lock_stmt = {kStateLockSql, 1, {TIDARRAYOID}, 0, nullptr};
+// Generic plans: a merge of index walks, whatever the parameters (a custom plan made on a cold
+// table could choose otherwise and keep it).
+Statement member_candidates_stmt = {
+    kMemberCandidatesSql, 7, {INT4OID, INT4OID, PG_LSNOID, INT8OID, PG_LSNOID, INT4OID, BOOLOID},
+    CURSOR_OPT_GENERIC_PLAN, nullptr};
+Statement landed_stmt = {kLandedSql,
+                         6,
+                         {INT2ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID},
+                         CURSOR_OPT_GENERIC_PLAN,
+                         nullptr};
+Statement state_delete_stmt = {kStateDeleteSql, 1, {INT8ARRAYOID}, CURSOR_OPT_GENERIC_PLAN, nullptr};
+Statement state_update_stmt = {kStateUpdateSql,
+                               7,
+                               {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
+                               CURSOR_OPT_GENERIC_PLAN,
+                               nullptr};
+Statement state_insert_stmt = {
+    kStateInsertSql,
+    9,
+    {INT8ARRAYOID, INT2ARRAYOID, PG_LSNARRAYOID, TEXTARRAYOID, TEXTARRAYOID, INT4OID, INT4OID, INT4OID, INT8OID},
+    CURSOR_OPT_GENERIC_PLAN,
+    nullptr};
+Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, 0, nullptr};
+
+// The members' oids, found by the step's table check (RingTablesProblem) for the claim's view.
+Oid member_oids[kMembers];
+
+// An empty walk moves the cursor to the horizon only once this much WAL lies between them:
+// otherwise every idle claim would write the cursor, whose own WAL moves the horizon again.
+// (Rows of other slots' lanes in that range are read again by each claim until then.)
+constexpr XLogRecPtr kIdleCursorSlackBytes = 64 * 1024;
+
+struct Position {
+	XLogRecPtr order_lsn;
+	int64 id;
+};
+
+bool
+Before(Position a, Position b) {
+	return a.order_lsn < b.order_lsn || (a.order_lsn == b.order_lsn && a.id < b.id);
+}
+
+// A member row the walk consumed (sent in the batch, or held into event_state).
+struct Walked {
+	Position at;
+	int event; // index into the batch, or -1: held
+};
+
+// The claim's state kept for its record (in the batch's memory context: the claim's
+// transaction is open until RingRecordOutcomes).
+struct RingClaimState {
+	LaneSet lanes;
+	Position cursor;  // the slot's cursor at the claim
+	XLogRecPtr horizon;
+	bool to_horizon;  // the walk took every row of the slot below the horizon
+	int n_state;      // batch events [0, n_state) are event_state rows, the rest member rows
+	int16 *member;    // per batch event
+	XLogRecPtr *order_lsn;
+	Walked *walked;   // member rows consumed, in order
+	int n_walked;
+} ring;
+
+Datum
+LsnArray(const XLogRecPtr *lsns, int n) {
+	Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+	for (int i = 0; i < n; i++) {
+		d[i] = LSNGetDatum(lsns[i]);
+	}
+	return step::ArrayOf(d, n, PG_LSNOID);
+}
+
+// Text array with NULL elements (errors of outcomes that have none).
+Datum
+NullableTextArray(const char *const *texts, int n) {
+	Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+	bool *nulls = static_cast<bool *>(palloc(sizeof(bool) * (n > 0 ? n : 1)));
+	for (int i = 0; i < n; i++) {
+		nulls[i] = texts[i] == nullptr;
+		d[i] = texts[i] ? CStringGetTextDatum(texts[i]) : Datum(0);
+	}
+	int dims[1] = {n};
+	int lbs[1] = {1};
+	return PointerGetDatum(construct_md_array(d, nulls, 1, dims, lbs, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+// Logs the rows a record statement moved to failed (columns: event_id, topic, status, attempts,
+// last_error) once, as 0.3.0's record does; returns how many.
+int
+LogFailed(SPITupleTable *rows, uint64 n) {
+	int failed = 0;
+	for (uint64 i = 0; i < n; i++) {
+		HeapTuple tuple = rows->vals[i];
+		TupleDesc desc = rows->tupdesc;
+		char *status = SPI_getvalue(tuple, desc, 3);
+		if (status == nullptr || strcmp(status, "failed") != 0) {
+			continue;
+		}
+		failed++;
+		// Not the key: it is the caller's data; the event id finds the row.
+		ereport(LOG, (errmsg("outbox relay: event %s (topic %s) moved to failed after %s attempts: %s",
+		                     SPI_getvalue(tuple, desc, 1), SPI_getvalue(tuple, desc, 2), SPI_getvalue(tuple, desc, 4),
+		                     SPI_getvalue(tuple, desc, 5)),
+		              errhint("It is in outbox.failed; fix the cause, then SELECT outbox.retry(event_id).")));
+	}
+	return failed;
+}
+
+// Member rows into event_state with their outcome (kStateInsertSql); returns how many failed.
+int
+InsertState(const int64 *ids, const int16 *members, const XLogRecPtr *lsns, const char *outcomes,
+            const char *const *errors, int n, long defer_ms) {
+	if (n == 0) {
+		return 0;
+	}
+	Datum *id_d = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *member_d = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *outcome_d = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	for (int k = 0; k < n; k++) {
+		char kind[2] = {outcomes[k], '\0'};
+		id_d[k] = Int64GetDatum(ids[k]);
+		member_d[k] = Int16GetDatum(members[k]);
+		outcome_d[k] = CStringGetTextDatum(kind);
+	}
+	Datum values[9] = {step::ArrayOf(id_d, n, INT8OID),
+	                   step::ArrayOf(member_d, n, INT2OID),
+	                   LsnArray(lsns, n),
+	                   step::ArrayOf(outcome_d, n, TEXTOID),
+	                   NullableTextArray(errors, n),
+	                   Int32GetDatum(settings.max_attempts),
+	                   Int32GetDatum(settings.backoff_base_ms),
+	                   Int32GetDatum(settings.backoff_max_ms),
+	                   Int64GetDatum(int64(defer_ms))};
+	step::Execute("record", state_insert_stmt, values, nullptr, SPI_OK_SELECT);
+	return LogFailed(SPI_tuptable, SPI_processed);
+}
+
+void
+MoveCursor(Position to) {
+	if (!Before(ring.cursor, to)) {
+		return;
+	}
+	Datum values[4] = {Int32GetDatum(ring.lanes.n_workers), Int32GetDatum(ring.lanes.worker),
+	                   LSNGetDatum(to.order_lsn), Int64GetDatum(to.id)};
+	step::Execute("record", cursor_move_stmt, values, nullptr, SPI_OK_UPDATE);
+}
+
+// Where the cursor goes when the walk was not stopped: past the last row consumed, and to the
+// horizon when the walk took every row of the slot below it (an empty walk: only when the
+// horizon is far enough ahead, kIdleCursorSlackBytes).
+Position
+CursorAfterWalk() {
+	Position to = ring.n_walked > 0 ? ring.walked[ring.n_walked - 1].at : ring.cursor;
+	Position horizon{ring.horizon, 0};
+	if (ring.to_horizon && Before(to, horizon) &&
+	    (ring.n_walked > 0 || ring.horizon - ring.cursor.order_lsn >= kIdleCursorSlackBytes)) {
+		to = horizon;
+	}
+	return to;
+}
+
+int
+CompareInt64(const void *a, const void *b) {
+	int64 x = *static_cast<const int64 *>(a), y = *static_cast<const int64 *>(b);
+	return x < y ? -1 : x > y;
+}
+
+// The locked event_state rows (kStateLockSql) taken in candidate order into the batch: every
+// locked candidate except those behind a candidate of their (topic, key) that was not locked
+// (or changed since it was read). Returns how many.
+int
+TakeLockedState(SPITupleTable *candidates, int n_candidates, SPITupleTable *locked, int n_locked,
+                MemoryContext into, ClaimedEvent *events) {
+	bool isnull;
+	// Locked rows' ids, sorted with their row numbers (id in the high bits is not possible: a
+	// pair array sorted by id).
+	int64 *pairs = static_cast<int64 *>(palloc(sizeof(int64) * 2 * (n_locked > 0 ? n_locked : 1)));
+	for (int j = 0; j < n_locked; j++) {
+		pairs[2 * j] = DatumGetInt64(SPI_getbinval(locked->vals[j], locked->tupdesc, 1, &isnull));
+		pairs[2 * j + 1] = j;
+	}
+	qsort(pairs, n_locked, 2 * sizeof(int64), CompareInt64);
+	char **stopped_topics = static_cast<char **>(palloc(sizeof(char *) * (n_candidates > 0 ? n_candidates : 1)));
+	char **stopped_keys = static_cast<char **>(palloc(sizeof(char *) * (n_candidates > 0 ? n_candidates : 1)));
+	int n_stopped = 0, n = 0;
+	for (int i = 0; i < n_candidates; i++) {
+		HeapTuple tuple = candidates->vals[i];
+		int64 id = DatumGetInt64(SPI_getbinval(tuple, candidates->tupdesc, 2, &isnull));
+		// Binary search over the pairs (the comparator reads the first element of a pair).
+		int64 *at = static_cast<int64 *>(bsearch(&id, pairs, n_locked, 2 * sizeof(int64), CompareInt64));
+		HeapTuple row = nullptr;
+		if (at != nullptr) {
+			row = locked->vals[at[1]];
+			ItemPointer was = reinterpret_cast<ItemPointer>(DatumGetPointer(SPI_getbinval(tuple, candidates->tupdesc, 1, &isnull)));
+			ItemPointer now = reinterpret_cast<ItemPointer>(DatumGetPointer(SPI_getbinval(row, locked->tupdesc, 16, &isnull)));
+			if (!DatumGetBool(SPI_getbinval(row, locked->tupdesc, 17, &isnull)) || !ItemPointerEquals(was, now)) {
+				row = nullptr;
+			}
+		}
+		char *topic = SPI_getvalue(tuple, candidates->tupdesc, 3);
+		char *key = SPI_getvalue(tuple, candidates->tupdesc, 4);
+		bool behind = false;
+		for (int k = 0; k < n_stopped && !behind; k++) {
+			behind = SameTopicAndKey(topic, key, stopped_topics[k], stopped_keys[k]);
+		}
+		if (row == nullptr || behind) {
+			if (key && !behind) {
+				stopped_topics[n_stopped] = topic;
+				stopped_keys[n_stopped++] = key;
+			}
+			continue;
+		}
+		MemoryContext old = MemoryContextSwitchTo(into);
+		step::CopyClaimedRow(row, locked->tupdesc, events[n]);
+		ring.member[n] = DatumGetInt16(SPI_getbinval(row, locked->tupdesc, 9, &isnull));
+		ring.order_lsn[n] = DatumGetLSN(SPI_getbinval(row, locked->tupdesc, 10, &isnull));
+		MemoryContextSwitchTo(old);
+		n++;
+	}
+	return n;
+}
+
+} // namespace
+
+const char *
+RingTablesProblem(Oid ext, Oid nsp) {
+	static const char *const names[] = {"events_0", "events_1", "events_2", "events_3",
+	                                    "cursors",  "ring_start", "landed",  "event_state"};
+	for (int t = 0; t < int(lengthof(names)); t++) {
+		Oid rel = get_relname_relid(names[t], nsp);
+		if (!OidIsValid(rel) || get_rel_relkind(rel) != RELKIND_RELATION ||
+		    getExtensionOfObject(RelationRelationId, rel) != ext) {
+			return psprintf("table outbox.%s is missing or not the extension's own (schema 0.4.0); the relay does "
+			                "not touch the ring",
+			                names[t]);
+		}
+		if (t < kMembers) {
+			member_oids[t] = rel;
+		}
+	}
+	return nullptr;
+}
+
+const char *
+RingRightsProblem(Oid nsp, Oid role) {
+	struct Need {
+		const char *table;
+		AclMode modes;
+	} const needs[] = {
+	    {"events_0", ACL_SELECT},   {"events_1", ACL_SELECT},
+	    {"events_2", ACL_SELECT},   {"events_3", ACL_SELECT},
+	    {"ring_start", ACL_SELECT}, {"cursors", ACL_SELECT | ACL_INSERT | ACL_UPDATE},
+	    {"landed", ACL_INSERT},     {"event_state", ACL_SELECT | ACL_INSERT | ACL_UPDATE | ACL_DELETE},
+	};
+	for (const Need &need : needs) {
+		Oid rel = get_relname_relid(need.table, nsp);
+		if (!OidIsValid(rel) || pg_class_aclmask(rel, role, need.modes, ACLMASK_ALL) != need.modes) {
+			return psprintf("lacks rights on outbox.%s that the ring's relay needs (SELECT on the members and "
+			                "ring_start; SELECT, INSERT, UPDATE on cursors; INSERT on landed; SELECT, INSERT, "
+			                "UPDATE, DELETE on event_state: ALTER EXTENSION outbox UPDATE grants them)",
+			                need.table);
+		}
+	}
+	return nullptr;
+}
+
+void
+RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
+	ring = RingClaimState{};
+	ring.lanes = lanes;
+	batch->n = 0;
+	bool isnull;
+	// 1. The slot's cursor row, created when missing.
+	Datum slot_values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
+	step::Execute("claim", cursor_lock_stmt, slot_values, nullptr, SPI_OK_SELECT);
+	if (SPI_processed == 0) {
+		Datum create_values[3] = {slot_values[0], slot_values[1], Int64GetDatum(int64(GetSystemIdentifier()))};
+		step::Execute("claim", cursor_create_stmt, create_values, nullptr, SPI_OK_INSERT);
+		step::Execute("claim", cursor_lock_stmt, slot_values, nullptr, SPI_OK_SELECT);
+		if (SPI_processed == 0) {
+			return; // locked elsewhere: nothing this round
+		}
+	}
+	ring.cursor.order_lsn = DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	ring.cursor.id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+
+	// 2. The safe horizon, read before the snapshots of the walk below: every later statement
+	// snapshot sees the same rows below it (a writer that could still commit a row below it was
+	// in the view, and holds the horizon at its lowest stamp; one registered after has every
+	// stamp above the view's WAL position).
+	ClaimView view = TakeClaimView(MyDatabaseId, member_oids, kMembers);
+	ring.horizon = SafeHorizon(view);
+	UnregisterSnapshot(view.snapshot);
+
+	int batch_size = settings.batch_size;
+	bool block_key = settings.failed_event_policy == int(FailedEventPolicy::BlockKey);
+	MemoryContext old = MemoryContextSwitchTo(into);
+	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * batch_size));
+	ring.member = static_cast<int16 *>(palloc(sizeof(int16) * batch_size));
+	ring.order_lsn = static_cast<XLogRecPtr *>(palloc(sizeof(XLogRecPtr) * batch_size));
+	ring.walked = static_cast<Walked *>(palloc(sizeof(Walked) * batch_size));
+	MemoryContextSwitchTo(old);
+
+	// 3a. Due event_state rows of the slot's lanes (they lie below the cursor: first).
+	Datum state_values[4] = {slot_values[0], slot_values[1], Int32GetDatum(batch_size), BoolGetDatum(block_key)};
+	step::Execute("claim", state_candidates_stmt, state_values, nullptr, SPI_OK_SELECT);
+	SPITupleTable *candidates = SPI_tuptable;
+	int n_candidates = int(SPI_processed);
+	int64 bytes = 0;
+	int n_fit = 0;
+	Datum *tids = static_cast<Datum *>(palloc(sizeof(Datum) * (n_candidates > 0 ? n_candidates : 1)));
+	while (n_fit < n_candidates && bytes < settings.batch_max_bytes) {
+		tids[n_fit] = SPI_getbinval(candidates->vals[n_fit], candidates->tupdesc, 1, &isnull);
+		bytes += DatumGetInt64(SPI_getbinval(candidates->vals[n_fit], candidates->tupdesc, 5, &isnull));
+		n_fit++;
+	}
+	if (n_fit > 0) {
+		Datum lock_values[1] = {step::ArrayOf(tids, n_fit, TIDOID)};
+		step::Execute("lock", state_lock_stmt, lock_values, nullptr, SPI_OK_SELECT);
+		batch->n = TakeLockedState(candidates, n_fit, SPI_tuptable, int(SPI_processed), into, batch->events);
+	}
+	ring.n_state = batch->n;
+
+	// 3b. Member rows after the cursor, below the horizon.
+	int limit = batch_size - batch->n;
+	int n_held = 0;
+	int64 *held_ids = static_cast<int64 *>(palloc(sizeof(int64) * (limit > 0 ? limit : 1)));
+	int16 *held_members = static_cast<int16 *>(palloc(sizeof(int16) * (limit > 0 ? limit : 1)));
+	XLogRecPtr *held_lsns = static_cast<XLogRecPtr *>(palloc(sizeof(XLogRecPtr) * (limit > 0 ? limit : 1)));
+	if (limit > 0 && bytes < settings.batch_max_bytes && ring.cursor.order_lsn < ring.horizon) {
+		Datum member_values[7] = {slot_values[0],
+		                          slot_values[1],
+		                          LSNGetDatum(ring.cursor.order_lsn),
+		                          Int64GetDatum(ring.cursor.id),
+		                          LSNGetDatum(ring.horizon),
+		                          Int32GetDatum(limit),
+		                          BoolGetDatum(block_key)};
+		step::Execute("claim", member_candidates_stmt, member_values, nullptr, SPI_OK_SELECT);
+		SPITupleTable *rows = SPI_tuptable;
+		int n_rows = int(SPI_processed);
+		int k = 0;
+		for (; k < n_rows && (bytes < settings.batch_max_bytes || batch->n == 0); k++) {
+			HeapTuple row = rows->vals[k];
+			Position at{DatumGetLSN(SPI_getbinval(row, rows->tupdesc, 10, &isnull)),
+			            DatumGetInt64(SPI_getbinval(row, rows->tupdesc, 1, &isnull))};
+			int16 member = DatumGetInt16(SPI_getbinval(row, rows->tupdesc, 9, &isnull));
+			if (DatumGetBool(SPI_getbinval(row, rows->tupdesc, 17, &isnull))) {
+				held_ids[n_held] = at.id;
+				held_members[n_held] = member;
+				held_lsns[n_held++] = at.order_lsn;
+				ring.walked[ring.n_walked++] = Walked{at, -1};
+				continue;
+			}
+			bytes += DatumGetInt64(SPI_getbinval(row, rows->tupdesc, 16, &isnull));
+			old = MemoryContextSwitchTo(into);
+			step::CopyClaimedRow(row, rows->tupdesc, batch->events[batch->n]);
+			MemoryContextSwitchTo(old);
+			ring.member[batch->n] = member;
+			ring.order_lsn[batch->n] = at.order_lsn;
+			ring.walked[ring.n_walked++] = Walked{at, batch->n};
+			batch->n++;
+		}
+		ring.to_horizon = n_rows < limit && k == n_rows;
+	}
+	// Held rows wait behind their key in event_state, due at once (the key's earlier row holds
+	// them back there): copied in the claim's transaction, with the cursor that passes them.
+	if (n_held > 0) {
+		char *kinds = static_cast<char *>(palloc(n_held));
+		const char **no_errors = static_cast<const char **>(palloc0(sizeof(char *) * n_held));
+		memset(kinds, 'h', n_held);
+		InsertState(held_ids, held_members, held_lsns, kinds, no_errors, n_held, 0);
+	}
+	if (batch->n == 0) {
+		MoveCursor(CursorAfterWalk()); // committed by the caller's EndStep
+	}
+}
+
+namespace {
+
+// Published events (indices into the batch) sorted by member, topic, partition and offset.
+const Batch *sort_batch;
+const kafka::Delivery *sort_deliveries;
+
+int
+CompareLanding(const void *a, const void *b) {
+	int i = *static_cast<const int *>(a), j = *static_cast<const int *>(b);
+	if (ring.member[i] != ring.member[j]) {
+		return ring.member[i] < ring.member[j] ? -1 : 1;
+	}
+	if (int c = strcmp(sort_batch->events[i].topic, sort_batch->events[j].topic)) {
+		return c;
+	}
+	const kafka::Delivery &x = sort_deliveries[i], &y = sort_deliveries[j];
+	if (x.partition != y.partition) {
+		return x.partition < y.partition ? -1 : 1;
+	}
+	return x.offset < y.offset ? -1 : x.offset > y.offset;
+}
+
+// landed rows for the published events[0 .. n), and their event_state rows deleted.
+void
+RecordLanded(const Batch &batch, const int *events, int n, const kafka::Delivery *deliveries) {
+	if (n == 0) {
+		return;
+	}
+	int *sorted = static_cast<int *>(palloc(sizeof(int) * n));
+	memcpy(sorted, events, sizeof(int) * n);
+	sort_batch = &batch;
+	sort_deliveries = deliveries;
+	qsort(sorted, n, sizeof(int), CompareLanding);
+	Datum *run_member = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *run_topic = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *run_partition = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *run_first = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *event_run = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *event_id = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	Datum *state_ids = static_cast<Datum *>(palloc(sizeof(Datum) * n));
+	int n_runs = 0, n_state = 0;
+	for (int k = 0; k < n; k++) {
+		int i = sorted[k];
+		const kafka::Delivery &d = deliveries[i];
+		bool continues = false;
+		if (k > 0) {
+			int p = sorted[k - 1];
+			continues = ring.member[p] == ring.member[i] && strcmp(batch.events[p].topic, batch.events[i].topic) == 0 &&
+			            deliveries[p].partition == d.partition && deliveries[p].offset + 1 == d.offset;
+		}
+		if (!continues) {
+			run_member[n_runs] = Int16GetDatum(ring.member[i]);
+			run_topic[n_runs] = CStringGetTextDatum(batch.events[i].topic);
+			run_partition[n_runs] = Int32GetDatum(d.partition);
+			run_first[n_runs] = Int64GetDatum(d.offset);
+			n_runs++;
+		}
+		event_run[k] = Int64GetDatum(int64(n_runs)); // runs count from 1, as WITH ORDINALITY
+		event_id[k] = Int64GetDatum(batch.events[i].id);
+		if (i < ring.n_state) {
+			state_ids[n_state++] = Int64GetDatum(batch.events[i].id);
+		}
+	}
+	Datum values[6] = {step::ArrayOf(run_member, n_runs, INT2OID),    step::ArrayOf(run_topic, n_runs, TEXTOID),
+	                   step::ArrayOf(run_partition, n_runs, INT4OID), step::ArrayOf(run_first, n_runs, INT8OID),
+	                   step::ArrayOf(event_run, n, INT8OID),          step::ArrayOf(event_id, n, INT8OID)};
+	step::Execute("record", landed_stmt, values, nullptr, SPI_OK_INSERT);
+	if (n_state > 0) {
+		Datum delete_values[1] = {step::ArrayOf(state_ids, n_state, INT8OID)};
+		step::Execute("record", state_delete_stmt, delete_values, nullptr, SPI_OK_DELETE);
+	}
+}
+
+} // namespace
+
+void
+RingRecordPublished(const Batch &batch, const int *events, int n, const kafka::Delivery *deliveries) {
+	RecordLanded(batch, events, n, deliveries);
+}
+
+int
+RingRecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
+                   const char *const *errors, long defer_ms, const bool *recorded) {
+	int n = batch.n;
+	int *published = static_cast<int *>(palloc(sizeof(int) * (n > 0 ? n : 1)));
+	int n_published = 0;
+	for (int i = 0; i < n; i++) {
+		if (outcomes[i] == Outcome::Published && !recorded[i]) {
+			published[n_published++] = i;
+		}
+	}
+	RecordLanded(batch, published, n_published, deliveries);
+	int failed = 0;
+
+	// event_state rows: retries, failed, quarantined, deferred (a requeued one stays as it is).
+	{
+		Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+		Datum *kinds = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
+		const char **texts = static_cast<const char **>(palloc(sizeof(char *) * (n > 0 ? n : 1)));
+		int k = 0;
+		for (int i = 0; i < ring.n_state; i++) {
+			if (outcomes[i] == Outcome::Requeued || outcomes[i] == Outcome::Published) {
+				continue;
+			}
+			char kind[2] = {char(outcomes[i]), '\0'};
+			ids[k] = Int64GetDatum(batch.events[i].id);
+			kinds[k] = CStringGetTextDatum(kind);
+			texts[k++] = errors[i];
+		}
+		if (k > 0) {
+			Datum values[7] = {step::ArrayOf(ids, k, INT8OID),
+			                   step::ArrayOf(kinds, k, TEXTOID),
+			                   NullableTextArray(texts, k),
+			                   Int32GetDatum(settings.max_attempts),
+			                   Int32GetDatum(settings.backoff_base_ms),
+			                   Int32GetDatum(settings.backoff_max_ms),
+			                   Int64GetDatum(int64(defer_ms))};
+			step::Execute("record", state_update_stmt, values, nullptr, SPI_OK_SELECT);
+			failed += LogFailed(SPI_tuptable, SPI_processed);
+		}
+	}
+
+	// Member rows. An unresolved one (not sent, broker-wide trouble, unknown outcome) stops the
+	// cursor before it when nothing after it was resolved either (the usual case: the broker is
+	// in trouble, nothing is written per event); otherwise the unresolved ones are passed into
+	// event_state ('q': pending, due now) and the cursor goes on.
+	int first_unresolved = -1;
+	bool resolved_after = false;
+	for (int w = 0; w < ring.n_walked; w++) {
+		int i = ring.walked[w].event;
+		if (i < 0) {
+			continue;
+		}
+		if (outcomes[i] == Outcome::Requeued) {
+			first_unresolved = first_unresolved < 0 ? w : first_unresolved;
+		} else if (first_unresolved >= 0) {
+			resolved_after = true;
+		}
+	}
+	bool stop = first_unresolved >= 0 && !resolved_after;
+	int64 *ids = static_cast<int64 *>(palloc(sizeof(int64) * (n > 0 ? n : 1)));
+	int16 *members = static_cast<int16 *>(palloc(sizeof(int16) * (n > 0 ? n : 1)));
+	XLogRecPtr *lsns = static_cast<XLogRecPtr *>(palloc(sizeof(XLogRecPtr) * (n > 0 ? n : 1)));
+	char *kinds = static_cast<char *>(palloc(n > 0 ? n : 1));
+	const char **texts = static_cast<const char **>(palloc(sizeof(char *) * (n > 0 ? n : 1)));
+	int k = 0;
+	for (int w = 0; w < ring.n_walked; w++) {
+		int i = ring.walked[w].event;
+		if (i < 0 || outcomes[i] == Outcome::Published || (stop && w >= first_unresolved)) {
+			continue;
+		}
+		ids[k] = batch.events[i].id;
+		members[k] = ring.member[i];
+		lsns[k] = ring.order_lsn[i];
+		kinds[k] = char(outcomes[i]);
+		texts[k++] = errors[i];
+	}
+	failed += InsertState(ids, members, lsns, kinds, texts, k, defer_ms);
+	MoveCursor(stop ? (first_unresolved > 0 ? ring.walked[first_unresolved - 1].at : ring.cursor) : CursorAfterWalk());
+	return failed;
+}
+
+int64
+RingMillisUntilNextRetry(const LaneSet &lanes) {
+	Datum values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
+	step::Execute("next_retry", next_retry_stmt, values, nullptr, SPI_OK_SELECT);
+	bool isnull;
+	Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	return isnull ? -1 : DatumGetInt64(d);
+}
+
+} // namespace outbox

@@ -1,0 +1,274 @@
+"""The relay on schema 0.4.0's ring (the insert-only queue's preview, DESIGN.md "The insert-only
+queue", build step 3) against librdkafka's mock cluster: events enqueued into the generation
+tables are published once each in per-key commit order, the slot's cursor advances, landed rows
+say where each event went and outbox.events shows it; poison, quarantined, retried and deferred
+events go through outbox.event_state; block_key holds a key; an open writer holds the horizon
+and nothing is skipped; a SIGKILL loses nothing; two workers keep per-key order; and an
+ALTER EXTENSION UPDATE TO '0.4.0' under a running 0.3.0 relay loses and re-sends nothing."""
+
+import signal
+
+import psycopg
+import pytest
+
+from harness.kafka_reader import check_delivery, read_topic
+from harness.wait import wait_until
+from test_relay import enqueue, rows_for
+from test_safety import lane_of
+
+INVALID_RECORD = 87  # permanent: the record batch is refused
+
+
+@pytest.fixture
+def ring_relay(mock_cluster, make_relay):
+    """make(**settings) -> a cluster whose relay runs on CREATE EXTENSION outbox VERSION '0.4.0'."""
+    def make(workers=1, **settings):
+        pg = make_relay(mock_cluster.bootstrap, workers=workers, create_extension=False, **settings)
+        pg.sql("CREATE EXTENSION outbox VERSION '0.4.0'")
+        assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'") == "0.4.0"
+        pg.wait_workers_running(workers)
+        return pg
+    return make
+
+
+def published(pg):
+    return pg.value("SELECT count(*) FROM outbox.events WHERE status = 'published'")
+
+
+def landed(pg):
+    """{event id: (kafka_partition, offset)} from outbox.landed (ids[k] at first_offset + k - 1)."""
+    rows = pg.sql("SELECT e.event_id::text, l.kafka_partition, l.first_offset + u.k - 1 "
+                  "FROM outbox.landed l, unnest(l.ids) WITH ORDINALITY u(id, k), outbox.events e "
+                  "WHERE e.id = u.id")
+    out = {}
+    for event_id, partition, offset in rows:
+        assert event_id not in out, f"{event_id} landed twice"
+        out[event_id] = (partition, offset)
+    return out
+
+
+def claims(pg):
+    return pg.value("SELECT sum(claim_seconds_count) FROM outbox.worker_metrics")
+
+
+def test_publishes_once_in_per_key_order_records_landed_and_moves_the_cursor(mock_cluster, ring_relay):
+    pg = ring_relay(batch_size=50)
+    start = pg.value("SELECT order_lsn FROM outbox.ring_start")
+    expected = enqueue(pg, "orders", rows_for(300, 30))
+    pg.wait_published(300)
+    records = read_topic(mock_cluster.bootstrap, "orders", 300, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    # Every event's landed row names where the broker put it, and the view shows the same.
+    where = landed(pg)
+    assert where == {r.event_id: (r.partition, r.offset) for r in records}
+    view = pg.sql("SELECT event_id::text, kafka_partition, kafka_offset, published_at IS NOT NULL, attempts "
+                  "FROM outbox.events")
+    assert {e: (p, o) for e, p, o, _, _ in view} == where
+    assert all(has_time and attempts == 0 for _, _, _, has_time, attempts in view)
+    # The rows were only inserted: no member row was written after its insert.
+    assert pg.value("SELECT n_tup_upd + n_tup_del FROM pg_stat_user_tables WHERE relname = 'events_0'") == 0
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    cursor = pg.sql("SELECT n_workers, worker, order_lsn > %s::pg_lsn, system_identifier = "
+                    "(SELECT system_identifier FROM pg_control_system()) FROM outbox.cursors", (start,))
+    assert cursor == [(1, 0, True, True)]
+    assert pg.value("SELECT order_lsn >= (SELECT max(order_lsn) FROM outbox.events_0) FROM outbox.cursors")
+    w = pg.workers()[0]
+    assert w[2] == "idle" and w[3] == 300 and w[4] == 0
+
+
+def poison_setup(ring_relay, policy):
+    # The producer refuses events over 2000 bytes, the table accepts them: a poison event.
+    pg = ring_relay(max_attempts=3, on_failed_event=policy, kafka_properties="message.max.bytes=2000",
+                    max_payload_bytes="1MB", backoff_base="50ms", backoff_max="200ms")
+    with pg.connect(autocommit=False) as c:
+        poison = c.execute("SELECT outbox.enqueue('billing', 'bad-key', %s)::text", ("x" * 5000,)).fetchone()[0]
+        c.commit()
+        after = [c.execute("SELECT outbox.enqueue('billing', 'bad-key', %s)::text", (f"after {i}",)).fetchone()[0]
+                 for i in range(2)]
+        others = [c.execute("SELECT outbox.enqueue('billing', %s, 'fine')::text", (f"good-{i}",)).fetchone()[0]
+                  for i in range(20)]
+        c.commit()
+    return pg, poison, after, others
+
+
+def test_poison_event_fails_blocks_its_key_and_goes_after_retry(mock_cluster, ring_relay):
+    pg, poison, after, others = poison_setup(ring_relay, "block_key")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event in outbox.failed")
+    pg.wait_published(20)
+    row = pg.sql("SELECT event_id::text, key, attempts, last_error FROM outbox.failed")[0]
+    assert row[0] == poison and row[1] == "bad-key" and row[2] == 3
+    assert "MSG_SIZE_TOO_LARGE" in row[3]
+    # The key's later events wait behind it in event_state; nothing else did.
+    assert pg.sql("SELECT status, count(*) FROM outbox.events WHERE key = 'bad-key' GROUP BY 1 ORDER BY 1") == \
+        [("failed", 1), ("pending", 2)]
+    assert pg.value("SELECT count(*) FROM outbox.event_state WHERE status = 'pending'") == 2
+    assert pg.workers()[0][4] == 1  # failed counter
+    assert pg.log().count(f"event {poison} (topic billing) moved to failed after 3 attempts") == 1
+    # The broker takes large events now; outbox.retry() sends the poison event, then the others.
+    pg.set(kafka_properties="message.max.bytes=1000000")
+    assert pg.value("SELECT outbox.retry(%s)", (poison,)) == 1
+    pg.wait_published(23)
+    records = read_topic(mock_cluster.bootstrap, "billing", 23, settle=True)
+    assert [r.event_id for r in records if r.key == b"bad-key"] == [poison, *after]
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    assert set(landed(pg)) == {r.event_id for r in records}
+
+
+def test_skip_policy_lets_the_key_go_on(mock_cluster, ring_relay):
+    pg, poison, after, others = poison_setup(ring_relay, "skip")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event in outbox.failed")
+    pg.wait_published(22)
+    records = read_topic(mock_cluster.bootstrap, "billing", 22, settle=True)
+    assert [r.event_id for r in records if r.key == b"bad-key"] == after
+
+
+def test_row_that_cannot_be_published_is_quarantined_and_blocks_its_key(mock_cluster, ring_relay):
+    pg = ring_relay()
+    # A row past the member's row rules (a superuser can drop them): headers that are not an object.
+    pg.sql("ALTER TABLE outbox.events_0 DROP CONSTRAINT events_0_row_check")
+    event_id = "6f1c34d2-3f5b-4a39-9c55-0d3f4c0a9e01"
+    pg.sql("INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
+           "VALUES (%s, 'billing', 'q', %s, 'x', '[1]')", (event_id, lane_of("q", event_id)))
+    later = pg.value("SELECT outbox.enqueue('billing', 'q', 'later')::text")
+    fine = pg.value("SELECT outbox.enqueue('billing', 'other', 'fine')::text")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "quarantined")
+    pg.wait_published(1)
+    assert pg.value("SELECT last_error FROM outbox.failed WHERE event_id = %s", (event_id,)) == \
+        "quarantined: the headers are not a JSON object"
+    assert pg.value("SELECT attempts FROM outbox.failed") == 0
+    assert pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (later,)) == "pending"
+    assert pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (fine,)) == "published"
+    # Retried as it is, it is quarantined again, and its key still waits.
+    assert pg.value("SELECT outbox.retry(%s)", (event_id,)) == 1
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "quarantined again")
+    assert pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (later,)) == "pending"
+    assert pg.log().count(f"event {event_id} (topic billing) moved to failed") == 2
+
+
+def test_refused_then_accepted_event_is_retried_and_published(mock_cluster, ring_relay):
+    pg = ring_relay(max_attempts=5, backoff_base="50ms", backoff_max="200ms")
+    pg.sql("SELECT outbox.enqueue('billing', 'warm', 'up')")
+    pg.wait_published(1)
+    mock_cluster.produce_errors(1, INVALID_RECORD)
+    eid = pg.value("SELECT outbox.enqueue('billing', 'r', 'refused once')::text")
+    pg.wait_published(2)
+    assert pg.sql("SELECT status, attempts FROM outbox.events WHERE event_id = %s", (eid,)) == [("published", 0)]
+    assert "failed to validate record" in pg.log()  # the first attempt was refused
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    records = read_topic(mock_cluster.bootstrap, "billing", 2, settle=True)
+    assert eid in {r.event_id for r in records}
+
+
+def test_an_open_writer_holds_the_horizon_and_nothing_is_skipped(mock_cluster, ring_relay):
+    pg = ring_relay()
+    pg.sql("SELECT outbox.enqueue('billing', 'before', 'x')")
+    pg.wait_published(1)
+    with pg.connect(autocommit=False) as open_writer:
+        held = open_writer.execute("SELECT outbox.enqueue('billing', 'held', 'open')::text").fetchone()[0]
+        behind = pg.value("SELECT outbox.enqueue('billing', 'behind', 'committed')::text")
+        # The relay claims (woken by the commit, then polling) but stops below the open writer.
+        seen = claims(pg)
+        wait_until(lambda: claims(pg) >= seen + 3, 60, "three claims with the writer open")
+        assert published(pg) == 1
+        open_writer.commit()
+    pg.wait_published(3)
+    records = read_topic(mock_cluster.bootstrap, "billing", 3, settle=True)
+    ids = [r.event_id for r in records]
+    assert held in ids and behind in ids and len(ids) == 3
+
+
+def test_sigkill_mid_run_loses_nothing_and_keeps_order(mock_cluster, ring_relay):
+    pg = ring_relay(batch_size=20)
+    first = enqueue(pg, "orders", rows_for(400, 40))
+    wait_until(lambda: published(pg) >= 40, 60, "some published")
+    killed = pg.kill_worker(0)
+    wait_until(lambda: killed not in pg.worker_pids() and all(pg.worker_pids()), 60, "cluster and relay back")
+    second = enqueue(pg, "orders", [(f"k{i % 40}", f'{{"seq": {400 + i}}}') for i in range(200)])
+    for key, ids in second.items():
+        first.setdefault(key, []).extend(ids)
+    pg.wait_published(600, timeout=120)
+    records = read_topic(mock_cluster.bootstrap, "orders", 600, settle=True)
+    check = check_delivery(records, first)
+    assert check.lost == [] and check.order_violations == [] and check.unique == 600
+
+
+def test_two_workers_keep_per_key_order(mock_cluster, ring_relay):
+    pg = ring_relay(workers=2, batch_size=30)
+    expected = enqueue(pg, "orders", rows_for(400, 20))
+    pg.wait_published(400)
+    records = read_topic(mock_cluster.bootstrap, "orders", 400, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    assert sorted(pg.sql("SELECT n_workers, worker FROM outbox.cursors")) == [(2, 0), (2, 1)]
+    assert all(w[3] > 0 for w in pg.workers())
+
+
+def test_update_to_the_ring_under_a_running_relay(mock_cluster, make_relay):
+    """0.3.0 with published, failed and pending events, the relay running: ALTER EXTENSION UPDATE
+    TO '0.4.0'. Every pending event is published once (after the update too), the failed one stays
+    failed until retried, the published ones are not sent again."""
+    pg = make_relay(mock_cluster.bootstrap, max_attempts=1, publish_timeout="1s", max_payload_bytes="1MB",
+                    backoff_base="50ms", backoff_max="200ms",
+                    kafka_properties="message.max.bytes=2000;socket.connection.setup.timeout.ms=1000;"
+                                     "reconnect.backoff.max.ms=200")
+    pg.wait_workers_running(1)
+    early = enqueue(pg, "orders", rows_for(50, 5))
+    pg.wait_published(50)
+    poison = pg.value("SELECT outbox.enqueue('billing', 'bad', %s)::text", ("x" * 5000,))
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'failed'") == 1, 60, "failed")
+    # Pending rows at the update: the brokers are down, the relay backs off (no attempt used).
+    for b in (1, 2, 3):
+        mock_cluster.down(b)
+    pending = enqueue(pg, "orders", [(f"k{i % 5}", f'{{"seq": {50 + i}}}') for i in range(50)])
+    wait_until(lambda: pg.workers()[0][2] == "backing off", 60, "relay backing off")
+    pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'")
+    assert pg.value("SELECT count(*) FROM outbox.event_state WHERE status = 'pending'") == 50
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    later = enqueue(pg, "orders", [(f"k{i % 5}", f'{{"seq": {100 + i}}}') for i in range(50)])
+    expected = {k: early[k] + pending[k] + later[k] for k in early}
+    pg.wait_published(150, timeout=120)
+    records = read_topic(mock_cluster.bootstrap, "orders", 150, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    assert pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (poison,)) == "failed"
+    assert pg.value("SELECT count(*) FROM outbox.failed") == 1
+    assert pg.value("SELECT count(*) FROM outbox.cursors") == 1
+    assert pg.workers()[0][2] == "idle"
+
+
+def test_outage_stops_the_cursor_writes_nothing_per_event_and_loses_nothing(mock_cluster, ring_relay):
+    """Broker-wide trouble: the events' outcome is unknown, so the cursor stays before them and no
+    event_state row is written for them (no attempt used); after the outage they go in order."""
+    pg = ring_relay(max_attempts=2, backoff_base="50ms", backoff_max="200ms", publish_timeout="1s",
+                    kafka_properties="socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200")
+    pg.sql("SELECT outbox.enqueue('billing', 'warmup', 'x')")
+    pg.wait_published(1)
+    cursor = pg.value("SELECT order_lsn FROM outbox.cursors")
+    for b in (1, 2, 3):
+        mock_cluster.down(b)
+    expected = enqueue(pg, "billing", rows_for(100, 10))
+    wait_until(lambda: pg.log().count("Kafka unavailable") >= 2, 60, "failed publish rounds")
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    assert pg.value("SELECT order_lsn FROM outbox.cursors") == cursor
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(101, timeout=120)
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    assert pg.value("SELECT max(attempts) FROM outbox.events") == 0
+    records = read_topic(mock_cluster.bootstrap, "billing", 101, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == []
+
+
+def test_an_idle_relay_does_not_write_its_cursor_on_every_claim(mock_cluster, ring_relay):
+    pg = ring_relay(poll_interval="100ms")
+    pg.sql("SELECT outbox.enqueue('billing', 'k', 'x')")
+    pg.wait_published(1)
+    seen = claims(pg)
+    wait_until(lambda: claims(pg) >= seen + 2, 60, "two more claims")
+    written = pg.value("SELECT xmin::text FROM outbox.cursors")
+    seen = claims(pg)
+    wait_until(lambda: claims(pg) >= seen + 10, 60, "ten idle claims")
+    assert pg.value("SELECT xmin::text FROM outbox.cursors") == written

@@ -1,0 +1,390 @@
+"""Schema 0.4.0, the preview of the insert-only queue (DESIGN.md "The insert-only queue", build
+step 2; not the default version): the ring of generation tables, outbox.events as a view with
+0.3.0's columns, the guard that keeps the members insert-only, enqueue into the current member,
+the commit-order re-stamp on a member, the retries on outbox.event_state, and ALTER EXTENSION
+UPDATE TO '0.4.0' from 0.3.0 with events in every state. Without the relay (outbox.workers = 0):
+its claim on the ring is tested in test_ring_relay.py."""
+
+import uuid
+
+import psycopg
+import pytest
+
+from harness.pg_cluster import PgCluster
+
+RING = "ring"   # CREATE EXTENSION outbox VERSION '0.4.0'
+OLD = "v030"    # CREATE EXTENSION outbox (0.3.0, the default)
+MEMBERS = [f"events_{n}" for n in range(4)]
+# The contract's member columns, in order (events_0 is 0.3.0's table: same names, its own order).
+MEMBER_COLUMNS = [("id", "bigint"), ("event_id", "uuid"), ("topic", "text"), ("key", "text"),
+                  ("lane", "smallint"), ("payload", "bytea"), ("headers", "jsonb"),
+                  ("created_at", "timestamp with time zone"), ("order_lsn", "pg_lsn"), ("writer", "xid8"),
+                  ("target_partition", "integer"), ("ce_content_type", "text"), ("ce_type", "text"),
+                  ("ce_source", "text")]
+# Every column of outbox.events, in the order a SELECT * shows them.
+VIEW_COLUMNS_SQL = ("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
+                    "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
+HOSTILE = "ring_hostile"
+READER = "ring_reader"
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with PgCluster(settings={"outbox.workers": "0"}, create_extension=False) as cluster:
+        for db, version in ((RING, "0.4.0"), (OLD, None)):
+            cluster.sql(f"CREATE DATABASE {db}")
+            cluster.sql("CREATE EXTENSION outbox" + (f" VERSION '{version}'" if version else ""), dbname=db)
+        cluster.sql(f"CREATE ROLE {HOSTILE} LOGIN")
+        cluster.sql(f"CREATE ROLE {READER} LOGIN")
+        yield cluster
+
+
+def connect(pg, db, user="postgres"):
+    return psycopg.connect(host=pg.tmp, port=pg.port, user=user, dbname=db, autocommit=True)
+
+
+def fresh_database(pg, version=None):
+    db = "d" + uuid.uuid4().hex[:10]
+    pg.sql(f"CREATE DATABASE {db}")
+    pg.sql("CREATE EXTENSION outbox" + (f" VERSION '{version}'" if version else ""), dbname=db)
+    return db
+
+
+def refusal(conn, statement, params=None):
+    """(sqlstate, hint) of a statement that must fail."""
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(statement, params)
+    return caught.value.sqlstate, caught.value.diag.message_hint or ""
+
+
+def everything(pg, db):
+    """Every column of every event, as outbox.events shows them, in id order."""
+    return pg.sql("SELECT id, event_id, topic, key, lane, payload, headers, status, attempts, next_attempt_at, "
+                  "last_error, created_at, claimed_at, published_at, kafka_partition, kafka_offset, order_lsn, "
+                  "target_partition, ce_content_type, ce_type, ce_source FROM outbox.events ORDER BY id", dbname=db)
+
+
+def member_rows(pg, db, member="events_0"):
+    return pg.sql(f"SELECT id, event_id, topic, key, lane, payload, headers, created_at, order_lsn, writer, "
+                  f"target_partition, ce_content_type, ce_type, ce_source FROM outbox.{member} ORDER BY id", dbname=db)
+
+
+def test_version_is_a_preview_and_the_default_stays(pg):
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=RING) == "0.4.0"
+    assert pg.value("SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'") == "0.3.0"
+
+
+def test_view_has_the_columns_of_0_3_0s_table(pg):
+    old = pg.sql(VIEW_COLUMNS_SQL, ("outbox.events",), dbname=OLD)
+    new = pg.sql(VIEW_COLUMNS_SQL, ("outbox.events",), dbname=RING)
+    assert pg.value("SELECT relkind::text FROM pg_class WHERE oid = 'outbox.events'::regclass", dbname=OLD) == "r"
+    assert pg.value("SELECT relkind::text FROM pg_class WHERE oid = 'outbox.events'::regclass", dbname=RING) == "v"
+    assert new == old
+    assert len(new) == 21
+
+
+def test_members_have_the_contracts_columns_and_indexes(pg):
+    for n, member in enumerate(MEMBERS):
+        columns = pg.sql(VIEW_COLUMNS_SQL, (f"outbox.{member}",), dbname=RING)
+        if n == 0:  # 0.3.0's table: dropped columns and writer added last
+            assert sorted(columns) == sorted(MEMBER_COLUMNS)
+        else:
+            assert columns == MEMBER_COLUMNS
+        indexes = pg.sql("SELECT indexrelid::regclass::text, indisunique, pg_get_indexdef(indexrelid) FROM pg_index "
+                         "WHERE indrelid = %s::regclass ORDER BY 1", (f"outbox.{member}",), dbname=RING)
+        assert [(i[0], i[1]) for i in indexes] == [(f"outbox.{member}_event_id_key", True),
+                                                     (f"outbox.{member}_order_idx", False)]
+        assert indexes[1][2].endswith("(order_lsn, id)")
+        triggers = pg.sql("SELECT tgname::text, tgenabled::text FROM pg_trigger WHERE tgrelid = %s::regclass "
+                          "AND NOT tgisinternal ORDER BY 1", (f"outbox.{member}",), dbname=RING)
+        assert triggers == [("~outbox_guard", "A"), ("~outbox_guard_truncate", "A"), ("~outbox_stamp", "A")]
+    assert pg.sql("SELECT member, is_current FROM outbox.ring ORDER BY member", dbname=RING) == [
+        (0, True), (1, False), (2, False), (3, False)]
+    assert pg.value("SELECT count(*) FROM outbox.ring_start", dbname=RING) == 1
+    assert pg.value("SELECT count(*) FROM outbox.cursors", dbname=RING) == 0
+
+
+def test_enqueue_lands_in_the_current_member_stamped(pg):
+    topic = "enq-" + uuid.uuid4().hex[:8]
+    with connect(pg, RING) as c:
+        c.execute("BEGIN")
+        before = c.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        event_id = c.execute("SELECT outbox.enqueue(%s, 'k', '{\"n\": 1}'::jsonb)", (topic,)).fetchone()[0]
+        unkeyed = c.execute("SELECT outbox.enqueue(%s, NULL, 'x'::text, partition => 2)", (topic,)).fetchone()[0]
+        xid = c.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = c.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+        c.execute("COMMIT")
+    rows = pg.sql("SELECT event_id, order_lsn >= %s::pg_lsn AND order_lsn <= %s::pg_lsn, writer::text, target_partition "
+                  "FROM outbox.events_0 WHERE topic = %s ORDER BY id", (str(before), str(after), topic), dbname=RING)
+    assert rows == [(event_id, True, xid, None), (unkeyed, True, xid, 2)]
+    for member in MEMBERS[1:]:
+        assert pg.value(f"SELECT count(*) FROM outbox.{member}", dbname=RING) == 0
+    assert pg.sql("SELECT status, attempts, published_at FROM outbox.events WHERE topic = %s", (topic,),
+                  dbname=RING) == [("pending", 0, None), ("pending", 0, None)]
+
+
+def test_caller_event_id_is_deduplicated(pg):
+    topic = "dup-" + uuid.uuid4().hex[:8]
+    given = uuid.uuid4()
+    first = pg.value("SELECT outbox.enqueue(%s, 'k', 'a'::text, event_id => %s)", (topic, given), dbname=RING)
+    again = pg.value("SELECT outbox.enqueue(%s, 'k', 'b'::text, event_id => %s)", (topic, given), dbname=RING)
+    assert first == given and again is None
+    assert pg.sql("SELECT convert_from(payload, 'UTF8') FROM outbox.events_0 WHERE topic = %s", (topic,),
+                  dbname=RING) == [("a",)]
+
+
+def test_insert_by_hand_into_the_view(pg):
+    topic = "hand-" + uuid.uuid4().hex[:8]
+    with connect(pg, RING) as c:
+        row = c.execute("INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                        "VALUES (gen_random_uuid(), %s, 'h', outbox.lane_of('h', NULL), 'x') "
+                        "RETURNING id, status, attempts, order_lsn IS NOT NULL", (topic,)).fetchone()
+        assert row[1:] == ("pending", 0, True)
+        assert c.execute("SELECT id, writer <> '0' FROM outbox.events_0 WHERE topic = %s", (topic,)).fetchall() == [
+            (row[0], True)]
+        # What the relay owns, or an id, cannot be given.
+        state, hint = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload, status) "
+                                 "VALUES (gen_random_uuid(), %s, 'h', outbox.lane_of('h', NULL), 'x', 'failed')", (topic,))
+        assert state == "0A000" and "Leave those columns out" in hint
+        state, hint = refusal(c, "INSERT INTO outbox.events (id, event_id, topic, key, lane, payload) "
+                                 "VALUES (1, gen_random_uuid(), %s, 'h', outbox.lane_of('h', NULL), 'x')", (topic,))
+        assert state == "428C9" and "Leave id out" in hint
+        # The member's row rules hold for rows by hand.
+        state, _ = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                              "VALUES (gen_random_uuid(), %s, 'h', 7, 'x')", (topic,))
+        assert state == "23514"
+        # ON CONFLICT (event_id) on the view is not supported (docs/upgrading.md).
+        state, _ = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                              "VALUES (gen_random_uuid(), %s, 'h', outbox.lane_of('h', NULL), 'x') "
+                              "ON CONFLICT (event_id) DO NOTHING", (topic,))
+        assert state == "42P10"
+        # COPY into the view goes the same way.
+        lane = c.execute("SELECT outbox.lane_of('h', NULL)").fetchone()[0]
+        with c.cursor().copy("COPY outbox.events (event_id, topic, key, lane, payload) FROM STDIN") as copy:
+            copy.write_row((str(uuid.uuid4()), topic, "h", lane, "copied"))
+    assert pg.sql("SELECT convert_from(payload, 'UTF8'), writer <> '0' FROM outbox.events_0 WHERE topic = %s "
+                  "ORDER BY id", (topic,), dbname=RING) == [("x", True), ("copied", True)]
+
+
+def test_update_delete_truncate_are_refused_and_change_nothing(pg):
+    topic = "guard-" + uuid.uuid4().hex[:8]
+    pg.sql("SELECT outbox.enqueue(%s, 'k', 'a'::text)", (topic,), dbname=RING)
+    before = member_rows(pg, RING)
+    with connect(pg, RING) as c:
+        for statement in (f"UPDATE outbox.events SET key = 'z' WHERE topic = '{topic}'",
+                          f"DELETE FROM outbox.events WHERE topic = '{topic}'"):
+            state, hint = refusal(c, statement)
+            assert state == "55000" and "outbox.retry()" in hint and "outbox.purge()" in hint, statement
+        for member in MEMBERS[:1]:
+            for statement in (f"UPDATE outbox.{member} SET key = 'z' WHERE topic = '{topic}'",
+                              # raising order_lsn is the re-stamp's, and only the re-stamp's
+                              f"UPDATE outbox.{member} SET order_lsn = order_lsn + 1 WHERE topic = '{topic}'",
+                              f"DELETE FROM outbox.{member} WHERE topic = '{topic}'",
+                              f"INSERT INTO outbox.{member} (event_id, topic, key, lane, payload) "
+                              f"SELECT event_id, topic, key, lane, payload FROM outbox.{member} WHERE topic = '{topic}' "
+                              f"ON CONFLICT (event_id) DO UPDATE SET key = 'z'",
+                              f"TRUNCATE outbox.{member}"):
+                state, hint = refusal(c, statement)
+                assert state == "55000" and "outbox.retry()" in hint, statement
+        # Also as a replica applies changes (the triggers fire ALWAYS).
+        c.execute("SET session_replication_role = replica")
+        state, _ = refusal(c, f"DELETE FROM outbox.events_0 WHERE topic = '{topic}'")
+        assert state == "55000"
+        state, _ = refusal(c, "TRUNCATE outbox.events_1")
+        assert state == "55000"
+    assert member_rows(pg, RING) == before
+
+
+def test_a_role_without_grants_cannot_read_or_write_the_ring(pg):
+    pg.sql("SELECT outbox.enqueue('hostile', 'k', 'secret'::text)", dbname=RING)
+    tables = MEMBERS + ["ring", "cursors", "ring_start", "landed", "event_state", "events"]
+    for table in tables:
+        assert not pg.value("SELECT has_table_privilege('public', %s, 'SELECT,INSERT,UPDATE,DELETE,TRUNCATE')",
+                            (f"outbox.{table}",), dbname=RING), table
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {HOSTILE}", dbname=RING)  # even with the schema's USAGE
+    try:
+        with connect(pg, RING, user=HOSTILE) as c:
+            for table in tables:
+                state, _ = refusal(c, f"SELECT count(*) FROM outbox.{table}")
+                assert state == "42501", table
+            for member in MEMBERS:
+                state, _ = refusal(c, f"INSERT INTO outbox.{member} (event_id, topic, key, lane, payload) "
+                                      "VALUES (gen_random_uuid(), 't', 'h', 0, 'x')")
+                assert state == "42501", member
+            state, _ = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                                  "VALUES (gen_random_uuid(), 't', 'h', 0, 'x')")
+            assert state == "42501"
+            state, _ = refusal(c, "SELECT nextval('outbox.events_id_seq')")
+            assert state == "42501"
+    finally:
+        pg.sql(f"REVOKE USAGE ON SCHEMA outbox FROM {HOSTILE}", dbname=RING)
+
+
+def test_relay_role_gets_what_the_ring_relay_needs(pg):
+    rights = dict(pg.sql(
+        "SELECT t, string_agg(p, ',' ORDER BY p) FROM unnest(%s::text[]) t, "
+        "unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE']) p "
+        "WHERE has_table_privilege('outbox_relay', 'outbox.' || t, p) GROUP BY t",
+        (MEMBERS + ["ring", "ring_start", "cursors", "landed", "event_state", "events"],), dbname=RING))
+    for member in MEMBERS + ["ring", "ring_start", "events"]:
+        assert rights[member] == "SELECT", member
+    for table in ("cursors", "landed", "event_state"):
+        assert rights[table] == "DELETE,INSERT,SELECT,UPDATE", table
+    assert not pg.value("SELECT has_sequence_privilege('outbox_relay', 'outbox.events_id_seq', 'USAGE')", dbname=RING)
+
+
+def restamp_forced(pg, db, topic):
+    """T1 enqueues B; T2 enqueues A for the same key and commits; T1 commits: T1's commit must
+    move B above A (test_commit_order.py's shape (b))."""
+    t1, t2 = connect(pg, db), connect(pg, db)
+    with t1, t2:
+        t1.execute("SET lock_timeout = '30s'")
+        t1.execute("BEGIN")
+        t1.execute("SELECT outbox.enqueue(%s, 'k', 'B'::text)", (topic,))
+        inserted = t1.execute("SELECT order_lsn FROM outbox.events_0 WHERE topic = %s", (topic,)).fetchone()[0]
+        t2.execute("BEGIN")
+        t2.execute("SELECT outbox.enqueue(%s, 'k', 'A'::text)", (topic,))
+        t2.execute("COMMIT")
+        t1.execute("COMMIT")
+    return inserted
+
+
+def test_commit_order_restamp_updates_the_member_row(pg):
+    topic = "co-" + uuid.uuid4().hex[:8]
+    inserted = restamp_forced(pg, RING, topic)
+    rows = pg.sql("SELECT convert_from(payload, 'UTF8'), order_lsn > %s::pg_lsn FROM outbox.events_0 "
+                  "WHERE topic = %s ORDER BY order_lsn, id", (str(inserted), topic), dbname=RING)
+    # B's row was re-stamped, upwards, in place (the guard let the re-stamp through)
+    assert rows == [("A", True), ("B", True)]
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = %s", (topic,), dbname=RING) == 2
+
+
+def test_the_guard_lets_the_restamp_raise_order_lsn_only(pg):
+    # A trigger of the owner's that fires before the guard and changes the row during the
+    # re-stamp: the guard sees more than a raised order_lsn and refuses, so the commit fails
+    # and nothing of it stays.
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("CREATE FUNCTION public.meddle() RETURNS trigger LANGUAGE plpgsql AS "
+           "$$ BEGIN NEW.key := NEW.key || '!'; RETURN NEW; END $$", dbname=db)
+    pg.sql("CREATE TRIGGER meddle BEFORE UPDATE ON outbox.events_0 FOR EACH ROW EXECUTE FUNCTION public.meddle()",
+           dbname=db)
+    topic = "meddle"
+    with pytest.raises(psycopg.Error) as caught:
+        restamp_forced(pg, db, topic)
+    assert caught.value.sqlstate == "55000"
+    assert pg.sql("SELECT convert_from(payload, 'UTF8'), key FROM outbox.events_0 WHERE topic = %s", (topic,),
+                  dbname=db) == [("A", "k")]
+    # Without it the same commit goes through.
+    pg.sql("DROP TRIGGER meddle ON outbox.events_0", dbname=db)
+    restamp_forced(pg, db, topic)
+    assert pg.value("SELECT count(*) FROM outbox.events_0 WHERE topic = %s", (topic,), dbname=db) == 3
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_update_from_0_3_0_keeps_every_event_as_it_was(pg):
+    db = fresh_database(pg)
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}", dbname=db)
+    pg.sql(f"GRANT SELECT ON outbox.events TO {READER}", dbname=db)
+    pg.sql(f"GRANT SELECT (event_id, status) ON outbox.events TO {HOSTILE}", dbname=db)
+    with connect(pg, db) as c:
+        for key in ("published", "failed", "waiting", "pending", "published-by-hand"):
+            c.execute("SELECT outbox.enqueue('upg', %s, %s::text)", (key, key))
+        c.execute("SELECT outbox.enqueue('upg', NULL, 'unkeyed'::text, partition => 1)")
+        c.execute("UPDATE outbox.events SET status = 'published', published_at = now() - interval '1 hour', "
+                  "kafka_partition = 3, kafka_offset = 41 WHERE key = 'published'")
+        c.execute("UPDATE outbox.events SET status = 'published', published_at = now() WHERE key = 'published-by-hand'")
+        c.execute("UPDATE outbox.events SET status = 'failed', attempts = 10, last_error = 'broker said no' "
+                  "WHERE key = 'failed'")
+        c.execute("UPDATE outbox.events SET attempts = 2, next_attempt_at = now() + interval '1 hour', "
+                  "last_error = 'try later' WHERE key = 'waiting'")
+        backlog = c.execute("SELECT * FROM outbox.backlog").fetchall()
+        failed = c.execute("SELECT * FROM outbox.failed").fetchall()
+        metrics = c.execute("SELECT topic, pending, failed FROM outbox.topic_metrics").fetchall()
+    before = everything(pg, db)
+    max_id = max(r[0] for r in before)
+
+    with connect(pg, db) as c:
+        c.execute("ALTER EXTENSION outbox UPDATE TO '0.4.0'")
+        # The same backend enqueues into the member at once.
+        after_id = c.execute("SELECT outbox.enqueue('upg', 'after', 'x'::text)").fetchone()[0]
+        assert c.execute("SELECT writer <> '0' FROM outbox.events_0 WHERE event_id = %s", (after_id,)).fetchone() == (
+            True,)
+        c.execute("SELECT outbox.retry_failed('no-such-topic')")
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == "0.4.0"
+    after = [r for r in everything(pg, db) if r[1] != after_id]
+    assert after == before
+    assert pg.value("SELECT id FROM outbox.events WHERE event_id = %s", (after_id,), dbname=db) > max_id
+    assert pg.sql("SELECT * FROM outbox.backlog", dbname=db)[0][:5] == (backlog[0][0], backlog[0][1] + 1,
+                                                                          *backlog[0][2:5])
+    assert pg.sql("SELECT * FROM outbox.failed", dbname=db) == failed
+    assert pg.sql("SELECT topic, pending, failed FROM outbox.topic_metrics", dbname=db) == [
+        (metrics[0][0], metrics[0][1] + 1, metrics[0][2])]
+
+    # Where it all went: a landed row per published event, an event_state row per other one,
+    # and the cursors start after every row of 0.3.0.
+    assert pg.sql("SELECT topic, kafka_partition, first_offset, array_length(ids, 1) FROM outbox.landed "
+                  "ORDER BY ids[1]", dbname=db) == [("upg", 3, 41, 1), ("upg", -1, -1, 1)]
+    assert pg.sql("SELECT key, status, attempts, next_attempt_at IS NOT NULL, last_error FROM outbox.event_state "
+                  "ORDER BY id", dbname=db) == [
+        ("failed", "failed", 10, False, "broker said no"), ("waiting", "pending", 2, True, "try later"),
+        ("pending", "pending", 0, False, None), (None, "pending", 0, False, None)]
+    assert pg.value("SELECT (SELECT order_lsn FROM outbox.ring_start) > max(order_lsn) FROM outbox.events_0 "
+                    "WHERE id <= %s", (max_id,), dbname=db)
+    # Rights on the table go to the view, not to the member.
+    assert pg.value(f"SELECT has_table_privilege('{READER}', 'outbox.events', 'SELECT')", dbname=db)
+    assert not pg.value(f"SELECT has_table_privilege('{READER}', 'outbox.events_0', 'SELECT')", dbname=db)
+    assert pg.value(f"SELECT has_column_privilege('{HOSTILE}', 'outbox.events', 'status', 'SELECT')", dbname=db)
+    assert not pg.value(f"SELECT has_any_column_privilege('{HOSTILE}', 'outbox.events_0', 'SELECT')", dbname=db)
+    with connect(pg, db, user=READER) as c:
+        assert len(c.execute("SELECT * FROM outbox.events").fetchall()) == len(before) + 1
+    assert pg.value("SELECT current_setting('outbox_upgrade.events_acl', true)", dbname=db) in (None, "")
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_retries_work_on_event_state(pg):
+    db = fresh_database(pg)
+    with connect(pg, db) as c:
+        for key in ("f1", "f2", "ok"):
+            c.execute("SELECT outbox.enqueue('rt', %s, 'x'::text)", (key,))
+        c.execute("SELECT outbox.enqueue('other', 'f3', 'x'::text)")
+        c.execute("UPDATE outbox.events SET status = 'failed', attempts = 10, last_error = 'no' WHERE key LIKE 'f%'")
+        c.execute("UPDATE outbox.events SET status = 'published', published_at = now(), kafka_partition = 0, "
+                  "kafka_offset = 7 WHERE key = 'ok'")
+        c.execute("ALTER EXTENSION outbox UPDATE TO '0.4.0'")
+        ids = dict(c.execute("SELECT key, event_id FROM outbox.events").fetchall())
+        assert c.execute("SELECT outbox.retry(%s)", (ids["f1"],)).fetchone() == (1,)
+        assert c.execute("SELECT status, attempts, next_attempt_at FROM outbox.event_state WHERE key = 'f1'").fetchone() == (
+            "pending", 0, None)
+        state, hint = refusal(c, "SELECT outbox.retry(%s)", (ids["f1"],))
+        assert state == "55000" and "outbox.failed" in hint
+        state, _ = refusal(c, "SELECT outbox.retry(%s)", (ids["ok"],))  # published
+        assert state == "55000"
+        state, _ = refusal(c, "SELECT outbox.retry(%s)", (uuid.uuid4(),))
+        assert state == "P0002"
+        assert c.execute("SELECT outbox.retry_failed('rt')").fetchone() == (1,)
+        assert c.execute("SELECT key, status FROM outbox.events ORDER BY id").fetchall() == [
+            ("f1", "pending"), ("f2", "pending"), ("ok", "published"), ("f3", "failed")]
+        assert c.execute("SELECT outbox.retry_failed()").fetchone() == (1,)
+        assert c.execute("SELECT count(*) FROM outbox.failed").fetchone() == (0,)
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_purge_deletes_nothing_and_says_why(pg):
+    notices = []
+    with connect(pg, RING) as c:
+        c.add_notice_handler(lambda d: notices.append(d.message_primary))
+        before = c.execute("SELECT (SELECT count(*) FROM outbox.events), (SELECT count(*) FROM outbox.landed)").fetchone()
+        assert c.execute("SELECT outbox.purge(interval '0')").fetchone() == (0,)
+        c.execute("CALL outbox.purge_all(interval '0')")
+        assert c.execute("SELECT (SELECT count(*) FROM outbox.events), (SELECT count(*) FROM outbox.landed)").fetchone() == before
+        state, _ = refusal(c, "SELECT outbox.purge(interval '-1 day')")
+        assert state == "22023"
+    assert any("deletes nothing on schema 0.4.0" in n for n in notices)
+
+
+def test_drop_extension_leaves_nothing(pg):
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("SELECT outbox.enqueue('t', 'k', 'x'::text)", dbname=db)
+    pg.sql("DROP EXTENSION outbox", dbname=db)
+    assert pg.value("SELECT count(*) FROM pg_namespace WHERE nspname = 'outbox'", dbname=db) == 0
+    pg.sql(f"DROP DATABASE {db}")
