@@ -4,9 +4,9 @@
 -- commit-order re-stamp, which only raises order_lsn, is the one UPDATE); where an event landed
 -- goes into outbox.landed, what waits, failed or was passed unpublished into outbox.event_state,
 -- and each relay slot's position into outbox.cursors. outbox.events becomes a view with 0.3.0's
--- columns. Not built in this version: rotation of the current member and its TRUNCATE retention
--- (the current member is always events_0; outbox.purge() deletes nothing), the holes of the claim,
--- dedup across members, the re-base on a changed outbox.workers or a restored dump.
+-- columns. Retention rotates the current member along the ring and empties sealed members with
+-- TRUNCATE (outbox.ring_retention()). Not built in this version: the holes of the claim, the
+-- re-base on a changed outbox.workers or a restored dump.
 -- Only `ALTER EXTENSION outbox UPDATE TO '0.4.0'` or `CREATE EXTENSION outbox VERSION '0.4.0'`
 -- give it (docs/upgrading.md "0.4.0 preview").
 
@@ -306,7 +306,20 @@ LEFT JOIN (SELECT DISTINCT ON (l.member, u.id) l.member, u.id,
                   l.published_at
            FROM outbox.landed l, pg_catalog.unnest(l.ids) WITH ORDINALITY AS u(id, k)
            ORDER BY l.member, u.id, l.published_at) p
-       ON p.member = m.member AND p.id = m.id;
+       ON p.member = m.member AND p.id = m.id
+-- An event whose member was emptied by the retention (outbox.ring_retention()) while it still
+-- waits for a retry or is failed: its event_state row is a whole copy, shown on its own.
+UNION ALL
+SELECT s.id, s.event_id, s.topic, s.key, s.lane, s.payload, s.headers, s.status, s.attempts, s.next_attempt_at,
+       s.last_error, s.created_at, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::bigint,
+       s.order_lsn, s.target_partition, s.ce_content_type, s.ce_type, s.ce_source
+FROM outbox.event_state s
+WHERE NOT EXISTS (SELECT 1
+                  FROM (SELECT 0::smallint AS member, e.order_lsn, e.id FROM outbox.events_0 e
+                        UNION ALL SELECT 1::smallint, e.order_lsn, e.id FROM outbox.events_1 e
+                        UNION ALL SELECT 2::smallint, e.order_lsn, e.id FROM outbox.events_2 e
+                        UNION ALL SELECT 3::smallint, e.order_lsn, e.id FROM outbox.events_3 e) k
+                  WHERE k.member = s.member AND k.order_lsn = s.order_lsn AND k.id = s.id);
 
 COMMENT ON VIEW outbox.events IS
 	'Outbox events (every ring member, with their status); write with outbox.enqueue(), watch with outbox.backlog and outbox.failed';
@@ -314,16 +327,18 @@ COMMENT ON VIEW outbox.events IS
 -- ---------------------------------------------------------------------------------------------
 -- The ring, the relay's cursors, and where the cursors start.
 -- ---------------------------------------------------------------------------------------------
+-- A member is current (enqueue writes into it; opened_at: since when), sealed (it was current
+-- until sealed_at; its retention counts from there) or free (both NULL: emptied, next in line).
+-- outbox.ring_retention() moves the current pointer and empties sealed members.
 CREATE TABLE outbox.ring (
 	member     smallint PRIMARY KEY,
-	is_current boolean,
+	is_current boolean     NOT NULL,
 	opened_at  timestamptz,
-	sealed_lsn pg_lsn
+	sealed_at  timestamptz
 );
 COMMENT ON TABLE outbox.ring IS
-	'The ring of generation tables outbox.events_0 .. events_3: which one enqueue writes (is_current)';
--- Rotation is not built (0.4.0 preview): events_0 is the current member for good.
-INSERT INTO outbox.ring (member, is_current, opened_at, sealed_lsn)
+	'The ring of generation tables outbox.events_0 .. events_3: which one enqueue writes (is_current), which are sealed';
+INSERT INTO outbox.ring (member, is_current, opened_at, sealed_at)
 VALUES (0, true, now(), NULL), (1, false, NULL, NULL), (2, false, NULL, NULL), (3, false, NULL, NULL);
 
 -- Slot `worker` of `n_workers` has passed every member row with (order_lsn, id) at or below its
@@ -476,11 +491,99 @@ BEGIN
 END
 $$;
 
--- Retention on 0.4.0 is the rotation of the ring and the TRUNCATE of a sealed member (DESIGN.md
--- "Retention"), which this preview does not have: purge() checks its arguments as before, says
--- so with a NOTICE, deletes nothing and returns 0 (so purge_all() and the relay's purge stop at
--- once). Not even the landed rows: without its landed row an event the relay published would
--- read as pending in outbox.events.
+-- ---------------------------------------------------------------------------------------------
+-- Retention on 0.4.0 (DESIGN.md "Retention"): no DELETE per event. The current member is sealed
+-- and the next free one made current once the current one is older than a third of the window
+-- (and holds a row); a sealed member is emptied with TRUNCATE once it was sealed longer than the
+-- window ago and every relay cursor has passed its last row. So every event is kept at least the
+-- window after it was written, and at most about four thirds of it, plus the time a long
+-- transaction that still holds a member, or a relay that has not passed it, keeps it.
+-- ---------------------------------------------------------------------------------------------
+
+-- Empties member `member` (TRUNCATE) and deletes its landed rows, if every relay cursor has
+-- passed its last row; the caller holds the member's ACCESS EXCLUSIVE lock (so no writer is in
+-- it) and has checked that it is sealed. Returns the published events whose landed rows went,
+-- or -1 when a cursor has not passed the member yet (nothing changes). The one way past the
+-- members' guard against TRUNCATE (src/enqueue/ring_retention_sql.cpp).
+CREATE FUNCTION outbox.truncate_ring_member(member smallint)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'outbox_truncate_ring_member'
+LANGUAGE C VOLATILE STRICT;
+
+-- One round of the ring's retention for the window `older_than`: empties the sealed members
+-- that may go, moves the current pointer when due, and empties again what that sealed (a window
+-- of 0 seals the current member and empties it at once when the relay has published it). A
+-- member another session holds (a long transaction that wrote into it, a long query of
+-- outbox.events) is skipped after a short wait and tried again at the next round. Returns the
+-- published events removed. Called by outbox.purge() and by the relay's retention.
+CREATE FUNCTION outbox.ring_retention(older_than interval)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '200ms'
+AS $$
+DECLARE
+	removed bigint := 0;
+	n bigint;
+	r record;
+	cur record;
+	nxt smallint;
+	has_rows boolean;
+	round int;
+BEGIN
+	IF older_than < interval '0' THEN
+		RAISE EXCEPTION 'older_than must not be negative: %', older_than
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Pass how old a published event must be to be deleted, e.g. interval ''7 days''.';
+	END IF;
+	-- One round at a time (a second caller waits at most lock_timeout, then returns 0).
+	BEGIN
+		PERFORM FROM outbox.ring FOR UPDATE;
+	EXCEPTION WHEN lock_not_available THEN
+		RETURN 0;
+	END;
+	FOR round IN 1..2 LOOP
+		FOR r IN SELECT g.member FROM outbox.ring g
+		         WHERE NOT g.is_current AND g.sealed_at IS NOT NULL AND g.sealed_at <= now() - older_than
+		         ORDER BY g.sealed_at LOOP
+			BEGIN
+				EXECUTE format('LOCK TABLE outbox.%I IN ACCESS EXCLUSIVE MODE', 'events_' || r.member);
+			EXCEPTION WHEN lock_not_available THEN
+				EXIT; -- held by another session: the next round (a later member is never passed first)
+			END;
+			n := outbox.truncate_ring_member(r.member);
+			EXIT WHEN n < 0; -- not passed by every cursor yet; later members even less
+			removed := removed + n;
+			UPDATE outbox.ring g SET opened_at = NULL, sealed_at = NULL WHERE g.member = r.member;
+		END LOOP;
+		EXIT WHEN round = 2;
+		-- Rotate: the current member is older than a third of the window, holds a row, and the
+		-- next one is free.
+		SELECT g.member, g.opened_at INTO cur FROM outbox.ring g WHERE g.is_current;
+		IF NOT FOUND THEN
+			RAISE EXCEPTION 'outbox.ring has no current member'
+				USING ERRCODE = 'object_not_in_prerequisite_state',
+				      HINT = 'outbox.ring belongs to the extension: do not change it by hand.';
+		END IF;
+		nxt := (cur.member + 1) % 4;
+		EXIT WHEN cur.opened_at > now() - older_than / 3
+		       OR NOT EXISTS (SELECT FROM outbox.ring g WHERE g.member = nxt AND NOT g.is_current AND g.sealed_at IS NULL);
+		EXECUTE format('SELECT EXISTS (SELECT FROM outbox.%I)', 'events_' || cur.member) INTO has_rows;
+		EXIT WHEN NOT has_rows;
+		UPDATE outbox.ring g
+		SET is_current = (g.member = nxt),
+		    opened_at = CASE WHEN g.member = nxt THEN now() ELSE g.opened_at END,
+		    sealed_at = CASE WHEN g.member = cur.member THEN now() ELSE g.sealed_at END
+		WHERE g.member IN (cur.member, nxt);
+	END LOOP;
+	RETURN removed;
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox.truncate_ring_member(smallint), outbox.ring_retention(interval) FROM PUBLIC;
+
+-- purge() on 0.4.0: one round of the ring's retention (batch_size is checked, as before, and
+-- otherwise unused: a member goes in one TRUNCATE).
 CREATE OR REPLACE FUNCTION outbox.purge(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -507,9 +610,7 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 			      HINT = 'Use a batch of a few thousand rows and call outbox.purge() again until it returns less.';
 	END IF;
-	RAISE NOTICE 'outbox.purge() deletes nothing on schema 0.4.0 (a preview): its retention, rotating the ring of generation tables, is not built yet'
-		USING HINT = 'Every event is kept; docs/upgrading.md "0.4.0 preview".';
-	RETURN 0;
+	RETURN outbox.ring_retention(older_than);
 END
 $$;
 
@@ -583,6 +684,13 @@ BEGIN
 	               'outbox.ring, outbox.ring_start TO %I', relay_role);
 	EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.cursors, outbox.landed, outbox.event_state TO %I',
 	               relay_role);
+	-- Its retention (outbox.ring_retention()): the rotation writes outbox.ring; the TRUNCATE of a
+	-- member goes through the guard only inside outbox.truncate_ring_member().
+	EXECUTE format('GRANT UPDATE ON outbox.ring TO %I', relay_role);
+	EXECUTE format('GRANT TRUNCATE ON outbox.events_0, outbox.events_1, outbox.events_2, outbox.events_3 TO %I',
+	               relay_role);
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.truncate_ring_member(smallint), '
+	               'outbox.ring_retention(interval) TO %I', relay_role);
 END
 $$;
 

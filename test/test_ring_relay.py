@@ -291,3 +291,36 @@ def test_a_change_of_the_worker_count_loses_nothing(mock_cluster, ring_relay):
     check = check_delivery(records, expected)
     assert check.lost == [] and check.order_violations == [] and check.unique == 200
     assert sorted(pg.sql("SELECT n_workers, worker FROM outbox.cursors")) == [(1, 0), (2, 0), (2, 1)]
+
+
+def test_purge_empties_the_member_the_relay_passed_and_keeps_what_still_waits(mock_cluster, ring_relay):
+    pg = ring_relay(batch_size=50)
+    expected = enqueue(pg, "orders", rows_for(120, 12))
+    pg.wait_published(120)
+    # A row the relay quarantines (headers not an object; a superuser dropped the row rules):
+    # failed, its event_state row a whole copy.
+    pg.sql("ALTER TABLE outbox.events_0 DROP CONSTRAINT events_0_row_check")
+    event_id = "6f1c34d2-3f5b-4a39-9c55-0d3f4c0a9e02"
+    pg.sql("INSERT INTO outbox.events (event_id, topic, key, lane, payload, headers) "
+           "VALUES (%s, 'poison', 'q', %s, 'x', '[1]')", (event_id, lane_of("q", event_id)))
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, what="the row quarantined")
+    wait_until(lambda: pg.value("SELECT order_lsn >= (SELECT max(order_lsn) FROM outbox.events_0) FROM outbox.cursors"),
+               what="the cursor past the quarantined row")
+    # Rotate, then empty events_0 once the cursor passed it: the published events go with their
+    # landed rows, the failed one stays visible through its copy.
+    assert pg.value("SELECT outbox.purge(interval '0')") == 120
+    assert pg.value("SELECT count(*) FROM outbox.events_0") == 0
+    assert pg.value("SELECT count(*) FROM outbox.landed") == 0
+    assert pg.sql("SELECT event_id::text, status FROM outbox.events") == [(event_id, "failed")]
+    assert pg.sql("SELECT member, is_current, sealed_at IS NULL FROM outbox.ring ORDER BY member")[:2] == [
+        (0, False, True), (1, True, True)]
+    # The relay goes on in the new member.
+    more = enqueue(pg, "orders", rows_for(30, 3))
+    wait_until(lambda: published(pg) == 30, what="the new events published")
+    assert pg.value("SELECT count(*) FROM outbox.events_1") == 30
+    records = read_topic(mock_cluster.bootstrap, "orders", 150, settle=True)
+    check = check_delivery(records, {**expected, **more})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    # A second round: events_1 is current (not due), nothing is sealed: nothing goes.
+    assert pg.value("SELECT outbox.purge(interval '1 day')") == 0
+    assert pg.value("SELECT count(*) FROM outbox.events") == 31

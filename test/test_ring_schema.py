@@ -226,8 +226,13 @@ def test_relay_role_gets_what_the_ring_relay_needs(pg):
         "unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE']) p "
         "WHERE has_table_privilege('outbox_relay', 'outbox.' || t, p) GROUP BY t",
         (MEMBERS + ["ring", "ring_start", "cursors", "landed", "event_state", "events"],), dbname=RING))
-    for member in MEMBERS + ["ring", "ring_start", "events"]:
-        assert rights[member] == "SELECT", member
+    # The members' TRUNCATE and the ring's UPDATE are the retention's (outbox.ring_retention());
+    # the guard lets a TRUNCATE through only inside outbox.truncate_ring_member().
+    for member in MEMBERS:
+        assert rights[member] == "SELECT,TRUNCATE", member
+    assert rights["ring"] == "SELECT,UPDATE"
+    for table in ("ring_start", "events"):
+        assert rights[table] == "SELECT", table
     for table in ("cursors", "landed", "event_state"):
         assert rights[table] == "DELETE,INSERT,SELECT,UPDATE", table
     assert not pg.value("SELECT has_sequence_privilege('outbox_relay', 'outbox.events_id_seq', 'USAGE')", dbname=RING)
@@ -369,17 +374,36 @@ def test_retries_work_on_event_state(pg):
     pg.sql(f"DROP DATABASE {db}")
 
 
-def test_purge_deletes_nothing_and_says_why(pg):
-    notices = []
-    with connect(pg, RING) as c:
-        c.add_notice_handler(lambda d: notices.append(d.message_primary))
-        before = c.execute("SELECT (SELECT count(*) FROM outbox.events), (SELECT count(*) FROM outbox.landed)").fetchone()
-        assert c.execute("SELECT outbox.purge(interval '0')").fetchone() == (0,)
-        c.execute("CALL outbox.purge_all(interval '0')")
-        assert c.execute("SELECT (SELECT count(*) FROM outbox.events), (SELECT count(*) FROM outbox.landed)").fetchone() == before
+def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):
+    db = fresh_database(pg, "0.4.0")
+    for n in range(3):
+        pg.sql("SELECT outbox.enqueue('t', %s, 'x'::text)", (f"k{n}",), dbname=db)
+    # No relay ran here: no cursor has passed anything, so the sealed member keeps its rows.
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+    assert pg.sql("SELECT member, is_current, sealed_at IS NOT NULL FROM outbox.ring ORDER BY member", dbname=db) == [
+        (0, False, True), (1, True, False), (2, False, False), (3, False, False)]
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+    # New events go into the new current member; the view shows both.
+    pg.sql("SELECT outbox.enqueue('t', 'k9', 'x'::text)", dbname=db)
+    assert pg.value("SELECT count(*) FROM outbox.events_1", dbname=db) == 1
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE status = 'pending'", dbname=db) == 4
+    # A second round: the next member is free but events_0 is still sealed and unpassed.
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+    with connect(pg, db) as c:
         state, _ = refusal(c, "SELECT outbox.purge(interval '-1 day')")
         assert state == "22023"
-    assert any("deletes nothing on schema 0.4.0" in n for n in notices)
+        # The member's TRUNCATE goes only through the retention's checks.
+        state, hint = refusal(c, "TRUNCATE outbox.events_0")
+        assert state == "55000" and "outbox.purge()" in hint
+        state, hint = refusal(c, "SELECT outbox.truncate_ring_member(0::smallint)")
+        assert state == "55000" and "outbox.purge()" in hint
+        state, _ = refusal(c, "SELECT outbox.truncate_ring_member(7::smallint)")
+        assert state == "22023"
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+    assert pg.value("SELECT has_function_privilege('public', 'outbox.truncate_ring_member(smallint)', 'EXECUTE') OR "
+                    "has_function_privilege('public', 'outbox.ring_retention(interval)', 'EXECUTE')", dbname=db) is False
+    pg.sql(f"DROP DATABASE {db}")
 
 
 def test_drop_extension_leaves_nothing(pg):

@@ -5,7 +5,8 @@
 // CONFLICT DO UPDATE and a MERGE that would update a row. The one UPDATE allowed is the
 // commit-order re-stamp (enqueue/commit_order.cpp), while it runs (AllowGenerationRestamp), and
 // only one that raises order_lsn and leaves every other column as it was. TRUNCATE is the
-// retention of a sealed member (not built yet: refused for everyone).
+// retention of a sealed member: allowed only inside outbox.truncate_ring_member()
+// (ring_retention_sql.cpp), for the member it checked, while its statement runs.
 #include "enqueue/generation_guard.hpp"
 
 #include "shared/boundary.hpp"
@@ -20,6 +21,9 @@ namespace {
 
 // The transaction whose re-stamp runs, or InvalidLocalTransactionId.
 LocalTransactionId restamp_lxid = InvalidLocalTransactionId;
+// The transaction and member whose retention TRUNCATE runs.
+LocalTransactionId truncate_lxid = InvalidLocalTransactionId;
+Oid truncate_rel = InvalidOid;
 
 [[noreturn]] void
 Refuse(Relation rel, const char *what) {
@@ -76,6 +80,18 @@ EndGenerationRestamp() noexcept {
 	restamp_lxid = InvalidLocalTransactionId;
 }
 
+void
+AllowMemberTruncate(Oid member) noexcept {
+	truncate_lxid = OutboxLocalTransactionId();
+	truncate_rel = member;
+}
+
+void
+EndMemberTruncate() noexcept {
+	truncate_lxid = InvalidLocalTransactionId;
+	truncate_rel = InvalidOid;
+}
+
 } // namespace outbox
 
 OUTBOX_SQL_FUNCTION(outbox_generation_guard) {
@@ -90,7 +106,11 @@ OUTBOX_SQL_FUNCTION(outbox_generation_guard) {
 		                errmsg("outbox_generation_guard() must be a BEFORE trigger")));
 	}
 	if (TRIGGER_FIRED_BY_TRUNCATE(trigger->tg_event)) {
-		Refuse(rel, "truncate");
+		if (truncate_lxid == InvalidLocalTransactionId || truncate_lxid != OutboxLocalTransactionId() ||
+		    truncate_rel != RelationGetRelid(rel)) {
+			Refuse(rel, "truncate");
+		}
+		return PointerGetDatum(nullptr);
 	}
 	if (!TRIGGER_FIRED_FOR_ROW(trigger->tg_event)) {
 		ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),

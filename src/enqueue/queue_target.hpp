@@ -22,8 +22,8 @@ struct QueueTarget {
 // This transaction's target (a copy: a later look-up may replace the cached one).
 QueueTarget CurrentQueueTarget();
 
-// The ring member enqueue writes into. Rotation is not built (0.4.0 preview): always 0, the member
-// outbox.ring marks current. The one place that decides it.
+// The ring member outbox.ring marks current (the retention moves it), read from the table with the
+// latest snapshot; enqueue looks it up once per transaction. The one place that decides it.
 int CurrentRingMember();
 
 // "events_<member>" (kNoMember: "events", 0.3.0's table), static storage.

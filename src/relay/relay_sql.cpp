@@ -157,6 +157,9 @@ Statement record_stmt = {kRecordSql, 7, {INT8ARRAYOID, TEXTARRAYOID, TEXTARRAYOI
 Statement requeue_stmt = {kRequeueSql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT8OID}, 0, nullptr};
+// Schema 0.4.0: one round of the ring's rotation and TRUNCATE (the script's outbox.ring_retention()).
+constexpr const char *kRingPurgeSql = "SELECT outbox.ring_retention(pg_catalog.make_interval(secs => $1))";
+Statement ring_purge_stmt = {kRingPurgeSql, 1, {INT4OID}, 0, nullptr};
 
 // Prepared once per worker and kept: the plan cache re-plans if the table is recreated.
 SPIPlanPtr
@@ -1065,8 +1068,14 @@ PurgeBatch(int retention_s, int batch_size) {
 		return 0;
 	}
 	if (step_ring) {
-		EndStep(); // the ring's retention (rotation and TRUNCATE) is not built: nothing is deleted
-		return 0;
+		Datum seconds[1] = {Int32GetDatum(retention_s)};
+		Execute("purge", ring_purge_stmt, seconds, nullptr, SPI_OK_SELECT);
+		bool isnull;
+		Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		int64 n = isnull ? 0 : DatumGetInt64(d);
+		EndStep();
+		// A round empties whole members: never "a full batch, go on" (batch_size is 0.3.0's).
+		return Min(n, int64(batch_size) - 1);
 	}
 	Datum values[2] = {Int32GetDatum(retention_s), Int64GetDatum(int64(batch_size))};
 	Execute("purge", purge_stmt, values, nullptr, SPI_OK_DELETE);
