@@ -515,10 +515,11 @@ LANGUAGE C VOLATILE STRICT;
 -- of 0 seals the current member and empties it at once when the relay has published it). A
 -- member another session holds (a long transaction that wrote into it, a long query of
 -- outbox.events) is skipped after a short wait and tried again at the next round. Returns the
--- published events removed. Called by outbox.purge() and by the relay's retention.
+-- published events removed. Called by outbox.purge() and by the relay's retention (SECURITY
+-- DEFINER: the relay role gets EXECUTE on it, not TRUNCATE on the members nor UPDATE on the ring).
 CREATE FUNCTION outbox.ring_retention(older_than interval)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE STRICT
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '200ms'
 AS $$
@@ -546,13 +547,20 @@ BEGIN
 		FOR r IN SELECT g.member FROM outbox.ring g
 		         WHERE NOT g.is_current AND g.sealed_at IS NOT NULL AND g.sealed_at <= now() - older_than
 		         ORDER BY g.sealed_at LOOP
+			-- The lock is taken in a subtransaction that is rolled back (and the lock with it)
+			-- when the member is not emptied: nothing stays locked for the caller's transaction.
 			BEGIN
 				EXECUTE format('LOCK TABLE outbox.%I IN ACCESS EXCLUSIVE MODE', 'events_' || r.member);
-			EXCEPTION WHEN lock_not_available THEN
-				EXIT; -- held by another session: the next round (a later member is never passed first)
+				n := outbox.truncate_ring_member(r.member);
+				IF n < 0 THEN
+					RAISE EXCEPTION 'not passed' USING ERRCODE = 'OBX01';
+				END IF;
+			EXCEPTION
+				WHEN lock_not_available THEN
+					EXIT; -- held by another session: the next round (a later member is never passed first)
+				WHEN SQLSTATE 'OBX01' THEN
+					EXIT; -- not passed by every cursor yet; later members even less
 			END;
-			n := outbox.truncate_ring_member(r.member);
-			EXIT WHEN n < 0; -- not passed by every cursor yet; later members even less
 			removed := removed + n;
 			UPDATE outbox.ring g SET opened_at = NULL, sealed_at = NULL WHERE g.member = r.member;
 		END LOOP;
@@ -684,13 +692,8 @@ BEGIN
 	               'outbox.ring, outbox.ring_start TO %I', relay_role);
 	EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.cursors, outbox.landed, outbox.event_state TO %I',
 	               relay_role);
-	-- Its retention (outbox.ring_retention()): the rotation writes outbox.ring; the TRUNCATE of a
-	-- member goes through the guard only inside outbox.truncate_ring_member().
-	EXECUTE format('GRANT UPDATE ON outbox.ring TO %I', relay_role);
-	EXECUTE format('GRANT TRUNCATE ON outbox.events_0, outbox.events_1, outbox.events_2, outbox.events_3 TO %I',
-	               relay_role);
-	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.truncate_ring_member(smallint), '
-	               'outbox.ring_retention(interval) TO %I', relay_role);
+	-- Its retention: outbox.ring_retention() (SECURITY DEFINER), nothing more.
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_retention(interval) TO %I', relay_role);
 END
 $$;
 

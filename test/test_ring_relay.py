@@ -324,3 +324,18 @@ def test_purge_empties_the_member_the_relay_passed_and_keeps_what_still_waits(mo
     # A second round: events_1 is current (not due), nothing is sealed: nothing goes.
     assert pg.value("SELECT outbox.purge(interval '1 day')") == 0
     assert pg.value("SELECT count(*) FROM outbox.events") == 31
+
+
+def test_the_relays_own_retention_rotates_and_empties_the_ring(mock_cluster, ring_relay):
+    pg = ring_relay(batch_size=50, retention="3s")
+    expected = enqueue(pg, "orders", rows_for(60, 6))
+    pg.wait_published(60)
+    # Worker 0's retention seals events_0 after a third of the window and empties it once it was
+    # sealed for the window and the cursor passed it.
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied by the relay")
+    assert pg.value("SELECT count(*) FROM outbox.landed WHERE member = 0") == 0
+    assert pg.value("SELECT member FROM outbox.ring WHERE is_current") != 0
+    records = read_topic(mock_cluster.bootstrap, "orders", 60, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    assert "ERROR" not in pg.log()

@@ -226,13 +226,13 @@ def test_relay_role_gets_what_the_ring_relay_needs(pg):
         "unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE','TRUNCATE']) p "
         "WHERE has_table_privilege('outbox_relay', 'outbox.' || t, p) GROUP BY t",
         (MEMBERS + ["ring", "ring_start", "cursors", "landed", "event_state", "events"],), dbname=RING))
-    # The members' TRUNCATE and the ring's UPDATE are the retention's (outbox.ring_retention());
-    # the guard lets a TRUNCATE through only inside outbox.truncate_ring_member().
-    for member in MEMBERS:
-        assert rights[member] == "SELECT,TRUNCATE", member
-    assert rights["ring"] == "SELECT,UPDATE"
-    for table in ("ring_start", "events"):
-        assert rights[table] == "SELECT", table
+    # The retention goes through outbox.ring_retention() (SECURITY DEFINER): no TRUNCATE of a
+    # member, no UPDATE of the ring, and not the TRUNCATE function itself.
+    for member in MEMBERS + ["ring", "ring_start", "events"]:
+        assert rights[member] == "SELECT", member
+    assert pg.value("SELECT has_function_privilege('outbox_relay', 'outbox.ring_retention(interval)', 'EXECUTE') "
+                    "AND NOT has_function_privilege('outbox_relay', 'outbox.truncate_ring_member(smallint)', 'EXECUTE')",
+                    dbname=RING)
     for table in ("cursors", "landed", "event_state"):
         assert rights[table] == "DELETE,INSERT,SELECT,UPDATE", table
     assert not pg.value("SELECT has_sequence_privilege('outbox_relay', 'outbox.events_id_seq', 'USAGE')", dbname=RING)
@@ -403,6 +403,25 @@ def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):
     assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
     assert pg.value("SELECT has_function_privilege('public', 'outbox.truncate_ring_member(smallint)', 'EXECUTE') OR "
                     "has_function_privilege('public', 'outbox.ring_retention(interval)', 'EXECUTE')", dbname=db) is False
+    # Cursors: slot 0 of 2 past every row, slot 1 never ran (it would start at ring_start):
+    # events_0 is not passed. A cursor above the WAL insert position is not a relay's either.
+    cursor = ("INSERT INTO outbox.cursors VALUES (2, %s, %s::pg_lsn, 0, "
+              "(SELECT system_identifier FROM pg_control_system()), now())")
+    pg.sql(cursor, (0, pg.value("SELECT pg_current_wal_insert_lsn()::text", dbname=db)), dbname=db)
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+    pg.sql(cursor, (5, "FFFFFFFF/FFFFFFFF"), dbname=db)  # complete by count, but slot 1 is missing
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+    pg.sql("DELETE FROM outbox.cursors WHERE worker = 5", dbname=db)
+    pg.sql(cursor, (1, "FFFFFFFF/FFFFFFFF"), dbname=db)  # above the WAL: forged
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+    pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn() WHERE worker = 1", dbname=db)
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0  # no landed rows: 0 published
+    # Both sealed members are at or below the (hand-set) cursors now: events_0, then events_1
+    # sealed in the same round, are emptied; events_2 is current.
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+    assert pg.value("SELECT count(*) FROM outbox.events_1", dbname=db) == 0
+    assert pg.sql("SELECT member FROM outbox.ring WHERE is_current", dbname=db) == [(2,)]
     pg.sql(f"DROP DATABASE {db}")
 
 

@@ -21,14 +21,19 @@ extern "C" {
 
 namespace {
 
-// The row of slots the relay runs with now: the count whose cursor moved last, when every slot of
-// it has a row (its rows start at the lowest cursor of the count before, so they cover what that
-// count passed); otherwise every cursor row. No cursor row: nothing is passed.
+// The lowest cursor of the slots the relay ran with last: the worker count whose cursor moved
+// last, and only when every slot 0 .. n-1 of it has a row (a slot without one starts lower, at
+// ring_start or at an older count's lowest cursor, and has passed nothing). Its rows start at the
+// lowest cursor of the count before, so they cover what that count passed. A cursor above the
+// WAL insert position was not written by a relay (a restored dump, or by hand): nothing is
+// passed. No row: nothing is passed.
 constexpr const char *kLowestCursorSql =
     "SELECT c.order_lsn, c.id FROM outbox.cursors c, "
     "       (SELECT o.n_workers FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1) n "
     "WHERE c.n_workers = n.n_workers "
-    "   OR (SELECT count(*) FROM outbox.cursors k WHERE k.n_workers = n.n_workers) <> n.n_workers "
+    "  AND (SELECT count(DISTINCT k.worker) FROM outbox.cursors k "
+    "       WHERE k.n_workers = n.n_workers AND k.worker >= 0 AND k.worker < n.n_workers) = n.n_workers "
+    "  AND NOT EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > pg_catalog.pg_current_wal_insert_lsn()) "
     "ORDER BY c.order_lsn, c.id LIMIT 1";
 
 // Runs sql with the latest snapshot; returns SPI_processed.
