@@ -94,6 +94,9 @@ CREATE TABLE outbox.event_state (
 );
 CREATE INDEX event_state_lane_idx ON outbox.event_state (lane, order_lsn, id);
 CREATE INDEX event_state_key_idx ON outbox.event_state (topic, key, order_lsn, id);
+-- outbox.retry(event_id), and enqueue's dedup of a caller's id: an event whose member was
+-- emptied while it still waits or failed is known by its event_state row alone.
+CREATE INDEX event_state_event_id_idx ON outbox.event_state (event_id);
 COMMENT ON TABLE outbox.event_state IS
 	'Events waiting for a retry, failed (see outbox.retry()) or held behind an earlier event of their key';
 
@@ -398,6 +401,17 @@ BEGIN
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 			      HINT = 'outbox.ring belongs to the extension: do not change it by hand.';
 	END IF;
+	-- One event per event_id, as 0.3.0's unique index had it: the member's own index refuses a
+	-- duplicate in it; the other members and event_state are probed here.
+	IF EXISTS (SELECT FROM outbox.events_0 e WHERE e.event_id = NEW.event_id)
+	   OR EXISTS (SELECT FROM outbox.events_1 e WHERE e.event_id = NEW.event_id)
+	   OR EXISTS (SELECT FROM outbox.events_2 e WHERE e.event_id = NEW.event_id)
+	   OR EXISTS (SELECT FROM outbox.events_3 e WHERE e.event_id = NEW.event_id)
+	   OR EXISTS (SELECT FROM outbox.event_state s WHERE s.event_id = NEW.event_id) THEN
+		RAISE EXCEPTION 'an outbox event with event_id % exists already', NEW.event_id
+			USING ERRCODE = 'unique_violation',
+			      HINT = 'outbox.enqueue() with a caller''s event_id returns NULL for a duplicate instead.';
+	END IF;
 	-- order_lsn and writer: the member's stamp trigger sets them, whatever the row said.
 	EXECUTE format('INSERT INTO outbox.%I (event_id, topic, key, lane, payload, headers, created_at, '
 	               'target_partition, ce_content_type, ce_type, ce_source) '
@@ -450,6 +464,7 @@ BEGIN
 			      HINT = 'Pass the event_id shown by outbox.failed.';
 	END IF;
 	SELECT s.status INTO current_status FROM outbox.event_state s WHERE s.event_id = retry.event_id
+	ORDER BY s.status <> 'failed', s.id LIMIT 1
 	FOR UPDATE;
 	IF NOT FOUND THEN
 		SELECT e.status INTO current_status FROM outbox.events e WHERE e.event_id = retry.event_id;
@@ -464,9 +479,11 @@ BEGIN
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 			      HINT = 'Only events in outbox.failed can be retried.';
 	END IF;
+	-- Only the failed row: should one event_id have two rows (two enqueues of one caller id
+	-- around a rotation, DESIGN.md "Retention"), the other keeps its attempts and retry time.
 	UPDATE outbox.event_state s
 	SET status = 'pending', attempts = 0, next_attempt_at = NULL
-	WHERE s.event_id = retry.event_id;
+	WHERE s.event_id = retry.event_id AND s.status = 'failed';
 	PERFORM outbox.wake_relay_at_commit();
 	RETURN 1;
 END
@@ -652,14 +669,16 @@ DECLARE
 BEGIN
 	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.events_acl')::jsonb)
 	                       AS x(column_name text, privilege text, grantee text, is_grantable boolean) LOOP
-		-- 0.3.0's table rights of one role, from the table or from a column.
-		-- (A dropped column's rights went with it.)
+		-- 0.3.0's table rights of one role, from the table or from a column. (A dropped column's
+		-- rights went with it.) CASCADE: a role that had a right WITH GRANT OPTION and passed it
+		-- on loses what it passed on the member too; those grantees are in the list as well and
+		-- get their right on the view, granted by the owner (the grantor is not kept).
 		IF g.column_name IS NULL THEN
-			EXECUTE format('REVOKE ALL ON outbox.events_0 FROM %s', g.grantee);
+			EXECUTE format('REVOKE ALL ON outbox.events_0 FROM %s CASCADE', g.grantee);
 		ELSIF EXISTS (SELECT FROM pg_catalog.pg_attribute t
 		              WHERE t.attrelid = 'outbox.events_0'::pg_catalog.regclass AND t.attname = g.column_name
 		                AND NOT t.attisdropped) THEN
-			EXECUTE format('REVOKE ALL (%I) ON outbox.events_0 FROM %s', g.column_name, g.grantee);
+			EXECUTE format('REVOKE ALL (%I) ON outbox.events_0 FROM %s CASCADE', g.column_name, g.grantee);
 		END IF;
 		IF g.privilege IN ('SELECT', 'INSERT', 'UPDATE', 'DELETE') THEN
 			EXECUTE format('GRANT %s%s ON outbox.events TO %s%s', g.privilege,
@@ -686,12 +705,17 @@ BEGIN
 	END IF;
 	EXECUTE format('GRANT USAGE ON SCHEMA outbox TO %I', relay_role);
 	-- The view: what the relay's checks of 0.3.0 looked at (it writes nothing through it).
-	EXECUTE format('REVOKE ALL ON outbox.events FROM %I', relay_role);
+	EXECUTE format('REVOKE ALL ON outbox.events FROM %I CASCADE', relay_role);
 	EXECUTE format('GRANT SELECT ON outbox.events TO %I', relay_role);
 	EXECUTE format('GRANT SELECT ON outbox.events_0, outbox.events_1, outbox.events_2, outbox.events_3, '
 	               'outbox.ring, outbox.ring_start TO %I', relay_role);
-	EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.cursors, outbox.landed, outbox.event_state TO %I',
-	               relay_role);
+	-- What src/relay/ring_claim.cpp's statements write (RingRightsProblem lists it): the
+	-- cursors move forward and are never deleted; landed rows are only inserted (the retention
+	-- deletes them as the owner); event_state rows are copied in, updated and deleted.
+	EXECUTE format('REVOKE ALL ON outbox.cursors, outbox.landed, outbox.event_state FROM %I CASCADE', relay_role);
+	EXECUTE format('GRANT SELECT, INSERT, UPDATE ON outbox.cursors TO %I', relay_role);
+	EXECUTE format('GRANT INSERT ON outbox.landed TO %I', relay_role);
+	EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.event_state TO %I', relay_role);
 	-- Its retention: outbox.ring_retention() (SECURITY DEFINER), nothing more.
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_retention(interval) TO %I', relay_role);
 END

@@ -181,10 +181,11 @@ InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
 	if (plan == nullptr) {
 		Oid types[10] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID, INT4OID, TEXTOID, TEXTOID, TEXTOID};
 		// Dedup of a caller's id across the ring (0.4.0): the other members are probed too (their
-		// event_id indexes), in the statement's snapshot, so an id is deduplicated while its event
-		// is in any member. Left open: two enqueues of one id at once around a rotation, each into
-		// another member, both commit (DESIGN.md "Retention").
-		char probe[512] = "";
+		// event_id indexes), and event_state (an event that waits or failed keeps its row there
+		// after its member was emptied), in the statement's snapshot, so an id is deduplicated
+		// while outbox.events shows its event. Left open: two enqueues of one id at once around a
+		// rotation, each into another member, both commit (DESIGN.md "Retention").
+		char probe[640] = "";
 		if (caller_event_id && member != outbox::kNoMember) {
 			size_t used = 0;
 			for (int other = 0; other < outbox::kRingMembers; other++) {
@@ -194,8 +195,10 @@ InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
 					                        used == 0 ? "WHERE" : "AND", outbox::RingMemberName(other)));
 				}
 			}
+			snprintf(probe + used, sizeof(probe) - used,
+			         "AND NOT EXISTS (SELECT FROM outbox.event_state s WHERE s.event_id = $1) ");
 		}
-		char query[1200];
+		char query[1400];
 		snprintf(query, sizeof(query),
 		         "INSERT INTO outbox.%s (event_id, topic, key, lane, payload, headers%s) "
 		         "%s$1, $2, $3, $4, $5, $6%s%s %s%sRETURNING lane%s",

@@ -248,8 +248,17 @@ RelayRole(Oid nsp, Oid rel) {
 		                        name);
 		return InvalidOid;
 	}
+	if (OutboxNamespaceAclCheck(nsp, role, ACL_USAGE) != ACLCHECK_OK) {
+		step_problem = psprintf("outbox.relay_role \"%s\" lacks USAGE on schema outbox (ALTER EXTENSION outbox UPDATE "
+		                        "grants it to outbox_relay; docs/privileges.md)",
+		                        name);
+		return InvalidOid;
+	}
+	if (step_ring) {
+		return role; // the ring's tables: RingRightsProblem (the relay never DELETEs a cursor)
+	}
 	const AclMode needed[] = {ACL_SELECT, ACL_UPDATE, ACL_DELETE};
-	bool ok = OutboxNamespaceAclCheck(nsp, role, ACL_USAGE) == ACLCHECK_OK;
+	bool ok = true;
 	for (AclMode mode : needed) {
 		ok = ok && pg_class_aclcheck(rel, role, mode) == ACLCHECK_OK;
 	}

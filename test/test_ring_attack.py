@@ -1,0 +1,154 @@
+"""Attacks on schema 0.4.0, the preview of the insert-only queue (DESIGN.md "The insert-only
+queue"): what the upgrade does with rights passed on WITH GRANT OPTION, what the relay role may
+change, and event ids that outlive the member their event was written into. Without the relay
+(outbox.workers = 0): the relay's outcomes and cursors are written by hand, as the relay writes
+them (src/relay/ring_claim.cpp)."""
+
+import uuid
+
+import psycopg
+import pytest
+
+from harness.pg_cluster import PgCluster
+
+
+@pytest.fixture(scope="module")
+def pg():
+    with PgCluster(settings={"outbox.workers": "0"}, create_extension=False) as cluster:
+        yield cluster
+
+
+def fresh_database(pg, version=None):
+    db = "a" + uuid.uuid4().hex[:10]
+    pg.sql(f"CREATE DATABASE {db}")
+    pg.sql("CREATE EXTENSION outbox" + (f" VERSION '{version}'" if version else ""), dbname=db)
+    return db
+
+
+def connect(pg, db, user="postgres"):
+    return psycopg.connect(host=pg.tmp, port=pg.port, user=user, dbname=db, autocommit=True)
+
+
+def refusal(conn, statement, params=None):
+    """(sqlstate, hint) of a statement that must fail."""
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(statement, params)
+    return caught.value.sqlstate, caught.value.diag.message_hint or ""
+
+
+def rights(pg, db, role, table):
+    return pg.value("SELECT string_agg(p, ',' ORDER BY p) FROM unnest(ARRAY['SELECT','INSERT','UPDATE','DELETE',"
+                    "'TRUNCATE','REFERENCES','TRIGGER']) p WHERE has_table_privilege(%s, %s, p)",
+                    (role, table), dbname=db)
+
+
+def test_update_keeps_rights_passed_on_with_grant_option(pg):
+    """A role with a right WITH GRANT OPTION on 0.3.0's table that passed it on (table and
+    column rights): the upgrade neither fails on the dependent grants nor leaves any of them on
+    the member; both roles have their rights on the view."""
+    db = fresh_database(pg)
+    tag = uuid.uuid4().hex[:6]
+    lead, member = f"lead_{tag}", f"dev_{tag}"
+    for role in (lead, member):
+        pg.sql(f"CREATE ROLE {role}")
+        pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {role}", dbname=db)
+    pg.sql(f"GRANT SELECT, INSERT ON outbox.events TO {lead} WITH GRANT OPTION", dbname=db)
+    pg.sql(f"GRANT SELECT (topic) ON outbox.events TO {lead} WITH GRANT OPTION", dbname=db)
+    with connect(pg, db) as c:
+        c.execute(f"SET ROLE {lead}")
+        c.execute(f"GRANT SELECT ON outbox.events TO {member}")
+        c.execute(f"GRANT SELECT (topic) ON outbox.events TO {member}")
+        c.execute("RESET ROLE")
+        c.execute("ALTER EXTENSION outbox UPDATE TO '0.4.0'")
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == "0.4.0"
+    assert rights(pg, db, lead, "outbox.events") == "INSERT,SELECT"
+    assert pg.value("SELECT has_table_privilege(%s, 'outbox.events', 'SELECT WITH GRANT OPTION')", (lead,), dbname=db)
+    assert rights(pg, db, member, "outbox.events") == "SELECT"
+    assert pg.value("SELECT has_column_privilege(%s, 'outbox.events', 'topic', 'SELECT')", (member,), dbname=db)
+    for role in (lead, member):
+        assert rights(pg, db, role, "outbox.events_0") is None, role
+        assert not pg.value("SELECT has_any_column_privilege(%s, 'outbox.events_0', 'SELECT')", (role,), dbname=db)
+    pg.sql(f"DROP DATABASE {db}")
+    for role in (member, lead):
+        pg.sql(f"DROP ROLE {role}")
+
+
+def test_relay_role_may_not_delete_cursors_or_landed_rows(pg):
+    """The relay moves its cursors forward and inserts landed rows; deleting them (which would
+    let the retention empty a member whose events were never sent, or hide where events
+    landed) is the retention's, as the owner."""
+    for db in (fresh_database(pg, "0.4.0"), fresh_database(pg)):
+        pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)  # no-op for the first
+        assert rights(pg, db, "outbox_relay", "outbox.cursors") == "INSERT,SELECT,UPDATE"
+        assert rights(pg, db, "outbox_relay", "outbox.landed") == "INSERT"
+        assert rights(pg, db, "outbox_relay", "outbox.event_state") == "DELETE,INSERT,SELECT,UPDATE"
+        pg.sql(f"DROP DATABASE {db}")
+
+
+def empty_member_zero_with_one_failed_event(pg, db, event_id):
+    """Event `event_id` enqueued into events_0, failed by hand in event_state as the relay's
+    quarantine writes it, a cursor past it, and events_0 sealed and emptied by outbox.purge():
+    the event is known by its event_state row alone."""
+    pg.sql("SELECT outbox.enqueue('dedup', 'k', 'x'::text, NULL, %s)", (event_id,), dbname=db)
+    pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, "
+           "order_lsn, writer, status, attempts, last_error) "
+           "SELECT id, 0, event_id, topic, key, lane, payload, headers, created_at, order_lsn, writer, 'failed', 1, "
+           "'poison' FROM outbox.events_0", dbname=db)
+    pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, pg_current_wal_insert_lsn(), 0, "
+           "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
+    pg.value("SELECT outbox.purge(interval '0')", dbname=db)
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+    assert pg.sql("SELECT event_id::text, status FROM outbox.events", dbname=db) == [(event_id, "failed")]
+
+
+def test_an_event_id_whose_member_was_emptied_is_still_deduplicated(pg):
+    db = fresh_database(pg, "0.4.0")
+    event_id = str(uuid.uuid4())
+    empty_member_zero_with_one_failed_event(pg, db, event_id)
+    # enqueue() reports the duplicate (NULL) and writes nothing.
+    assert pg.value("SELECT outbox.enqueue('dedup', 'k', 'again'::text, NULL, %s)", (event_id,), dbname=db) is None
+    with connect(pg, db) as c:
+        state, hint = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                                 "VALUES (%s, 'dedup', 'k', outbox.lane_of('k', NULL), 'again')", (event_id,))
+        assert state == "23505" and "enqueue()" in hint
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE event_id = %s", (event_id,), dbname=db) == 1
+    assert pg.value("SELECT count(*) FROM outbox.events_1", dbname=db) == 0
+    # retry() of it puts that one row back.
+    assert pg.value("SELECT outbox.retry(%s)", (event_id,), dbname=db) == 1
+    assert pg.sql("SELECT status, attempts FROM outbox.event_state", dbname=db) == [("pending", 0)]
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_a_duplicate_into_another_member_by_hand_is_refused(pg):
+    db = fresh_database(pg, "0.4.0")
+    event_id = str(uuid.uuid4())
+    pg.sql("SELECT outbox.enqueue('dedup', 'k', 'x'::text, NULL, %s)", (event_id,), dbname=db)
+    pg.value("SELECT outbox.purge(interval '0')", dbname=db)  # rotates: events_1 is current, events_0 kept
+    assert pg.value("SELECT member FROM outbox.ring WHERE is_current", dbname=db) == 1
+    with connect(pg, db) as c:
+        state, _ = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                              "VALUES (%s, 'dedup', 'k', outbox.lane_of('k', NULL), 'again')", (event_id,))
+        assert state == "23505"
+    assert pg.value("SELECT outbox.enqueue('dedup', 'k', 'again'::text, NULL, %s)", (event_id,), dbname=db) is None
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE event_id = %s", (event_id,), dbname=db) == 1
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_retry_puts_back_only_the_failed_row_of_an_event_id(pg):
+    """Two rows of one event_id in event_state (two enqueues of one caller id around a rotation
+    can both commit, DESIGN.md "Retention"): retry() resets the failed one and leaves the
+    attempts and retry time of the other."""
+    db = fresh_database(pg, "0.4.0")
+    event_id = str(uuid.uuid4())
+    empty_member_zero_with_one_failed_event(pg, db, event_id)
+    pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, created_at, order_lsn, "
+           "writer, status, attempts, next_attempt_at, last_error) "
+           "SELECT nextval('outbox.events_id_seq'), 1, event_id, topic, key, lane, payload, created_at, order_lsn, "
+           "writer, 'pending', 3, now() + interval '1 hour', 'broker down' FROM outbox.event_state", dbname=db)
+    assert pg.value("SELECT outbox.retry(%s)", (event_id,), dbname=db) == 1
+    assert pg.sql("SELECT status, attempts, next_attempt_at IS NULL FROM outbox.event_state ORDER BY id",
+                  dbname=db) == [("pending", 0, True), ("pending", 3, False)]
+    with connect(pg, db) as c:
+        state, _ = refusal(c, "SELECT outbox.retry(%s)", (event_id,))  # nothing failed any more
+        assert state == "55000"
+    pg.sql(f"DROP DATABASE {db}")
