@@ -372,6 +372,13 @@ COMMENT ON TABLE outbox.ring_start IS
 -- CONFLICT on the view is not supported (docs/upgrading.md). UPDATE and DELETE: refused.
 -- SECURITY DEFINER: the rights asked are the view's (INSERT on outbox.events), never the member's.
 -- ---------------------------------------------------------------------------------------------
+-- The member this transaction's events go into, as enqueue decides it (queue_target_sql.cpp).
+CREATE FUNCTION outbox.current_ring_member()
+RETURNS smallint
+AS 'MODULE_PATHNAME', 'outbox_current_ring_member'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION outbox.current_ring_member() FROM PUBLIC;
+
 CREATE FUNCTION outbox.events_insert()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
@@ -395,12 +402,7 @@ BEGIN
 			               'and kafka_offset are the relay''s; on 0.4.0 they are not stored in the event.',
 			      HINT = 'Leave those columns out of the column list (or NULL, status ''pending'', attempts 0).';
 	END IF;
-	SELECT r.member INTO current_member FROM outbox.ring r WHERE r.is_current;
-	IF current_member IS NULL THEN
-		RAISE EXCEPTION 'outbox.ring has no current member'
-			USING ERRCODE = 'object_not_in_prerequisite_state',
-			      HINT = 'outbox.ring belongs to the extension: do not change it by hand.';
-	END IF;
+	current_member := outbox.current_ring_member();
 	-- One event per event_id, as 0.3.0's unique index had it: the member's own index refuses a
 	-- duplicate in it; the other members and event_state are probed here.
 	IF EXISTS (SELECT FROM outbox.events_0 e WHERE e.event_id = NEW.event_id)

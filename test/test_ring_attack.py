@@ -152,3 +152,31 @@ def test_retry_puts_back_only_the_failed_row_of_an_event_id(pg):
         state, _ = refusal(c, "SELECT outbox.retry(%s)", (event_id,))  # nothing failed any more
         assert state == "55000"
     pg.sql(f"DROP DATABASE {db}")
+
+
+def test_a_row_by_hand_follows_a_rotation_under_repeatable_read(pg):
+    """A REPEATABLE READ transaction whose snapshot predates a rotation writes into the member that
+    is current now, as enqueue does, not into the one its snapshot shows current; and its rows by
+    hand and by enqueue go into one member."""
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("SELECT outbox.enqueue('rr', 'k', 'first'::text)", dbname=db)
+    with connect(pg, db) as writer:
+        writer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert writer.execute("SELECT member FROM outbox.ring WHERE is_current").fetchone() == (0,)  # the snapshot
+        pg.value("SELECT outbox.purge(interval '0')", dbname=db)  # seals events_0, events_1 current
+        writer.execute("INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                       "VALUES (gen_random_uuid(), 'rr', 'k', outbox.lane_of('k', NULL), 'by hand')")
+        writer.execute("SELECT outbox.enqueue('rr', 'k', 'enqueued'::text)")
+        writer.execute("COMMIT")
+    assert pg.sql("SELECT convert_from(payload, 'UTF8') FROM outbox.events_1 ORDER BY id", dbname=db) == [
+        ("by hand",), ("enqueued",)]
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 1
+    with connect(pg, db, user="postgres") as c:
+        c.execute(f"CREATE ROLE caller_{db}")
+        c.execute(f"GRANT USAGE ON SCHEMA outbox TO caller_{db}")
+        c.execute(f"SET ROLE caller_{db}")
+        state, _ = refusal(c, "SELECT outbox.current_ring_member()")
+        assert state == "42501"
+        c.execute("RESET ROLE")
+    pg.sql(f"DROP DATABASE {db}")
+    pg.sql(f"DROP ROLE caller_{db}")
