@@ -265,6 +265,41 @@ def test_the_entries_of_ended_prepared_transactions_are_reused(pg):
     relay.assert_each_committed_row_once(pg)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_a_prepare_that_fails_after_its_reservation_frees_it_and_holds_nothing(pg, mode):
+    # PREPARE of a transaction that used a temporary table fails after the PRE_PREPARE callbacks
+    # ran (PrepareTransaction checks it later): our callback had reserved a prepared entry. More
+    # such failures than max_prepared_transactions (4): were a reservation neither freed at the
+    # abort nor reclaimed as ended by the next PREPARE, that PREPARE would find no entry (and be
+    # looked up); were a failed one taken for prepared, a claim would hold at its stamp.
+    relay = Relay(pg, mode)
+    with pg.connect() as c:
+        c.execute("CREATE TEMP TABLE scratch (x int)")
+        for n in range(6):
+            c.execute("BEGIN")
+            insert(c, f"failed prepare {n}")
+            c.execute("INSERT INTO scratch VALUES (1)")
+            with pytest.raises(psycopg.errors.FeatureNotSupported):
+                c.execute(f"PREPARE TRANSACTION 'failing {n}'")
+            c.execute("ROLLBACK")
+    assert pg.value("SELECT count(*) FROM gen") == 0
+    with pg.connect() as b:
+        b_id, _ = insert(b, "after")
+    a_id, a_stamp = prepare_one(pg, "works")
+    cursor, ids = relay.claim()
+    assert ids == [b_id], "no failed PREPARE holds the claim back"
+    assert relay.lookups == 0, "the working PREPARE had its entry from PRE_PREPARE"
+    if mode == "horizon":
+        assert cursor == a_stamp
+    else:
+        assert a_stamp in relay.holes[1]
+    pg.sql("COMMIT PREPARED 'works'")
+    _, ids = relay.claim()
+    assert a_id in ids
+    relay.close()
+    relay.assert_each_committed_row_once(pg)
+
+
 def prepare_one(cluster, gid, rows=1):
     """A transaction that inserted `rows` rows and was prepared: its first row's id and stamp."""
     with cluster.connect() as a:
