@@ -590,6 +590,141 @@ $$;
 
 REVOKE ALL ON FUNCTION outbox.truncate_ring_member(smallint), outbox.ring_retention(interval) FROM PUBLIC;
 
+-- What the retention could not do, and why (DESIGN.md "Retention", "Failures"). A member another
+-- session holds, or one a relay cursor has not passed, stays sealed round after round; once no
+-- member is free the current one is never sealed and grows. One row per member: overdue is a
+-- sealed member sealed longer than `older_than` ago that is still there (the retention would
+-- have emptied it), kept_because why, as far as can be told without waiting: 'cursor of worker
+-- slot K (n_workers M) has not passed it' (or why no cursor passes anything, as
+-- truncate_ring_member reads them), 'locked by pid N' (the session that has held a lock on it
+-- longest: it stops the retention's ACCESS EXCLUSIVE lock), 'member K, sealed before it, is
+-- kept: members are emptied oldest first', or NULL. The member's last row is read under its
+-- ACCESS SHARE lock in a subtransaction that is rolled back: the caller keeps no lock on it
+-- (a monitoring session in a long transaction must not hold the retention off itself), and a
+-- lock it cannot get within lock_timeout is reported, not waited for. SECURITY DEFINER, for
+-- pg_monitor only: member numbers, times, slots and a pid; no event, no
+-- query text.
+CREATE FUNCTION outbox.ring_status(
+	older_than interval,
+	OUT member smallint, OUT is_current boolean, OUT opened_at timestamptz, OUT sealed_at timestamptz,
+	OUT overdue boolean, OUT kept_because text)
+RETURNS SETOF record
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+	g record;
+	c record;
+	holder record;
+	holders bigint;
+	latest integer;
+	missing integer;
+	forged boolean;
+	cursor_problem text;
+	last_lsn pg_lsn;
+	last_id bigint;
+	got_last boolean;
+	first_kept smallint;
+	rel oid;
+BEGIN
+	IF older_than < interval '0' THEN
+		RAISE EXCEPTION 'older_than must not be negative: %', older_than
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Pass the retention window, e.g. interval ''7 days'' (outbox.ring_status uses outbox.retention).';
+	END IF;
+	-- Why no cursor passes anything, if so (the floor of truncate_ring_member()).
+	SELECT o.n_workers INTO latest FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1;
+	IF latest IS NULL THEN
+		cursor_problem := 'no relay cursor yet (no relay has published from the ring)';
+	ELSE
+		SELECT min(w) INTO missing FROM pg_catalog.generate_series(0, latest - 1) w
+		WHERE NOT EXISTS (SELECT FROM outbox.cursors k WHERE k.n_workers = latest AND k.worker = w);
+		SELECT EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > pg_catalog.pg_current_wal_insert_lsn())
+		INTO forged;
+		IF missing IS NOT NULL THEN
+			cursor_problem := format('no cursor of worker slot %s (n_workers %s) yet', missing, latest);
+		ELSIF forged THEN
+			cursor_problem := 'a cursor lies above the WAL insert position (not a relay''s: set by hand or restored)';
+		END IF;
+	END IF;
+	FOR g IN SELECT r.member, r.is_current, r.opened_at, r.sealed_at FROM outbox.ring r
+	         ORDER BY r.sealed_at NULLS LAST, r.member LOOP
+		member := g.member;
+		is_current := g.is_current;
+		opened_at := g.opened_at;
+		sealed_at := g.sealed_at;
+		overdue := NOT g.is_current AND g.sealed_at IS NOT NULL AND g.sealed_at <= pg_catalog.now() - older_than;
+		kept_because := NULL;
+		IF overdue THEN
+			rel := pg_catalog.to_regclass('outbox.events_' || g.member);
+			-- The member's last row (ACCESS SHARE, given back at once: the block is rolled back;
+			-- the variables keep what was read).
+			got_last := false;
+			last_lsn := NULL;
+			last_id := NULL;
+			BEGIN
+				EXECUTE format('SELECT e.order_lsn, e.id FROM outbox.%I e ORDER BY e.order_lsn DESC, e.id DESC LIMIT 1',
+				               'events_' || g.member)
+				INTO last_lsn, last_id;
+				got_last := true;
+				RAISE EXCEPTION 'read' USING ERRCODE = 'OBX02';
+			EXCEPTION
+				WHEN SQLSTATE 'OBX02' THEN NULL;
+				WHEN lock_not_available THEN NULL; -- held in ACCESS EXCLUSIVE mode: the lock below says by whom
+			END;
+			IF got_last AND last_lsn IS NOT NULL THEN
+				kept_because := cursor_problem;
+				IF kept_because IS NULL THEN
+					SELECT k.worker, k.n_workers INTO c FROM outbox.cursors k
+					WHERE k.n_workers = latest AND (k.order_lsn, k.id) < (last_lsn, last_id)
+					ORDER BY k.order_lsn, k.id, k.worker LIMIT 1;
+					IF FOUND THEN
+						kept_because := format('cursor of worker slot %s (n_workers %s) has not passed it',
+						                       c.worker, c.n_workers);
+					END IF;
+				END IF;
+			END IF;
+			IF kept_because IS NULL THEN
+				-- Who holds a lock on it, the longest-running transaction first (a relay's claim
+				-- holds one for a publish; a prepared transaction has no pid).
+				SELECT l.pid, pg_catalog.count(*) OVER () AS n INTO holder
+				FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+				WHERE l.locktype = 'relation' AND l.relation = rel AND l.granted
+				  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+				  AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+				ORDER BY l.pid IS NOT NULL, a.xact_start NULLS LAST, l.pid
+				LIMIT 1;
+				IF FOUND THEN
+					holders := holder.n;
+					kept_because := CASE WHEN holder.pid IS NULL THEN 'locked by a prepared transaction'
+					                     ELSE format('locked by pid %s', holder.pid) END
+					                || CASE WHEN holders > 1 THEN format(' (and %s more)', holders - 1) ELSE '' END;
+				END IF;
+			END IF;
+			IF kept_because IS NULL AND first_kept IS NOT NULL THEN
+				kept_because := format('member %s, sealed before it, is kept: members are emptied oldest first', first_kept);
+			END IF;
+			first_kept := coalesce(first_kept, g.member);
+		END IF;
+		RETURN NEXT;
+	END LOOP;
+END
+$$;
+
+CREATE VIEW outbox.ring_status AS
+SELECT s.member, s.is_current, s.opened_at, s.sealed_at, s.overdue, s.kept_because
+FROM outbox.ring_status(pg_catalog.current_setting('outbox.retention')::interval) s
+ORDER BY s.member;
+
+COMMENT ON VIEW outbox.ring_status IS
+	'The ring''s members: current, opened, sealed, overdue (sealed longer than outbox.retention ago and still kept) and why it is kept';
+
+REVOKE ALL ON FUNCTION outbox.ring_status(interval) FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.ring_status FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.ring_status(interval) TO pg_monitor;
+GRANT SELECT ON outbox.ring_status TO pg_monitor;
+
 -- purge() on 0.4.0: one round of the ring's retention (batch_size is checked, as before, and
 -- otherwise unused: a member goes in one TRUNCATE).
 CREATE OR REPLACE FUNCTION outbox.purge(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)

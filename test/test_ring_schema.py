@@ -425,6 +425,101 @@ def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):
     pg.sql(f"DROP DATABASE {db}")
 
 
+def ring_status(conn, window="0"):
+    """{member: (is_current, sealed, overdue, kept_because)} of outbox.ring_status(window)."""
+    rows = conn.execute("SELECT member, is_current, sealed_at IS NOT NULL, overdue, kept_because "
+                        "FROM outbox.ring_status(%s::interval)", (window,)).fetchall()
+    return {m: tuple(rest) for m, *rest in rows}
+
+
+def test_ring_status_says_what_keeps_a_sealed_member(pg):
+    db = fresh_database(pg, "0.4.0")
+    for n in range(3):
+        pg.sql("SELECT outbox.enqueue('t', %s, 'x'::text)", (f"k{n}",), dbname=db)
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0  # sealed, no relay: kept
+    with connect(pg, db) as c, connect(pg, db) as holder:
+        status = ring_status(c)
+        assert status[0] == (False, True, True, "no relay cursor yet (no relay has published from the ring)")
+        assert status[1] == (True, False, False, None)
+        assert status[2] == status[3] == (False, False, False, None)
+        # Not past a window of a day: not overdue, no reason asked for.
+        assert ring_status(c, "1 day")[0] == (False, True, False, None)
+        # The view uses outbox.retention (7 days here), one row per member in order.
+        assert pg.sql("SELECT member, overdue, kept_because FROM outbox.ring_status", dbname=db) == [
+            (0, False, None), (1, False, None), (2, False, None), (3, False, None)]
+        # A relay slot whose cursor is below the member's last row.
+        cursor = ("INSERT INTO outbox.cursors VALUES (2, %s, %s::pg_lsn, 0, "
+                  "(SELECT system_identifier FROM pg_control_system()), now())")
+        pg.sql(cursor, (0, pg.value("SELECT pg_current_wal_insert_lsn()::text", dbname=db)), dbname=db)
+        assert ring_status(c)[0][3] == "no cursor of worker slot 1 (n_workers 2) yet"
+        pg.sql(cursor, (1, pg.value("SELECT order_lsn::text FROM outbox.ring_start", dbname=db)), dbname=db)
+        assert ring_status(c)[0][3] == "cursor of worker slot 1 (n_workers 2) has not passed it"
+        pg.sql("UPDATE outbox.cursors SET order_lsn = 'FFFFFFFF/FFFFFFFF' WHERE worker = 1", dbname=db)
+        assert ring_status(c)[0][3].startswith("a cursor lies above the WAL insert position")
+        pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn() WHERE worker = 1", dbname=db)
+        # Every cursor passed it; a session holds it (a long SELECT of it in an open transaction):
+        # the retention skips it, the status names the session.
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM outbox.events_0")
+        holder_pid = holder.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert ring_status(c)[0] == (False, True, True, f"locked by pid {holder_pid}")
+        assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+        assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+        # A second sealed member behind it waits for it (emptied oldest first).
+        pg.sql("SELECT outbox.enqueue('t', 'k9', 'x'::text)", dbname=db)
+        pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn()", dbname=db)
+        pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+        status = ring_status(c)
+        assert status[1] == (False, True, True, "member 0, sealed before it, is kept: members are emptied oldest first")
+        # Asking keeps no lock on a member, also inside a transaction of the caller's.
+        c.execute("BEGIN")
+        ring_status(c)
+        assert c.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND relation IN "
+                         "('outbox.events_0'::regclass, 'outbox.events_1'::regclass)").fetchone()[0] == 0
+        c.execute("COMMIT")
+        # The holder ends: the next round empties both, and nothing is overdue any more.
+        holder.execute("COMMIT")
+        pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+        assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+        assert [v[2] for v in ring_status(c).values()] == [False] * 4
+        state, _ = refusal(c, "SELECT * FROM outbox.ring_status(interval '-1 day')")
+        assert state == "22023"
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_ring_status_is_for_monitoring_roles_only(pg):
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("SELECT outbox.enqueue('t', 'k', 'secret'::text)", dbname=db)
+    pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+    assert pg.value("SELECT has_table_privilege('public', 'outbox.ring_status', 'SELECT') OR "
+                    "has_function_privilege('public', 'outbox.ring_status(interval)', 'EXECUTE')", dbname=db) is False
+    # A role with the schema's USAGE (and even SELECT on the ring) reads neither the view nor
+    # the function.
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {HOSTILE}", dbname=db)
+    try:
+        with connect(pg, db, user=HOSTILE) as c:
+            for statement in ("SELECT * FROM outbox.ring_status", "SELECT * FROM outbox.ring_status(interval '0')",
+                              "SELECT * FROM outbox.ring"):
+                state, _ = refusal(c, statement)
+                assert state == "42501", statement
+    finally:
+        pg.sql(f"REVOKE USAGE ON SCHEMA outbox FROM {HOSTILE}", dbname=db)
+    # A monitoring role (pg_monitor, as for outbox.worker_metrics) reads it: members, times,
+    # reasons; nothing of an event.
+    pg.sql(f"GRANT pg_monitor TO {READER}")
+    try:
+        with connect(pg, db, user=READER) as c:
+            rows = c.execute("SELECT * FROM outbox.ring_status(interval '0')").fetchall()
+            assert len(rows) == 4 and not any("secret" in repr(r) for r in rows)
+            assert [d.name for d in c.execute("SELECT * FROM outbox.ring_status").description] == [
+                "member", "is_current", "opened_at", "sealed_at", "overdue", "kept_because"]
+            state, _ = refusal(c, "SELECT * FROM outbox.events_0")
+            assert state == "42501"
+    finally:
+        pg.sql(f"REVOKE pg_monitor FROM {READER}")
+    pg.sql(f"DROP DATABASE {db}")
+
+
 def test_drop_extension_leaves_nothing(pg):
     db = fresh_database(pg, "0.4.0")
     pg.sql("SELECT outbox.enqueue('t', 'k', 'x'::text)", dbname=db)
