@@ -602,7 +602,7 @@ REVOKE ALL ON FUNCTION outbox.truncate_ring_member(smallint), outbox.ring_retent
 -- ACCESS SHARE lock in a subtransaction that is rolled back: the caller keeps no lock on it
 -- (a monitoring session in a long transaction must not hold the retention off itself), and a
 -- lock it cannot get within lock_timeout is reported, not waited for. SECURITY DEFINER, for
--- pg_monitor only: member numbers, times, slots and a pid; no event, no
+-- pg_monitor and the relay role only: member numbers, times, slots and a pid; no event, no
 -- query text.
 CREATE FUNCTION outbox.ring_status(
 	older_than interval,
@@ -759,6 +759,67 @@ $$;
 
 -- outbox.topic_metrics() (SQL, reading outbox.events by status) reads the view unchanged.
 
+-- outbox.worker_metrics gets the ring's retention after its columns (unchanged):
+-- ring_oldest_sealed_age_seconds (worker 0, which keeps the retention: the age of the oldest
+-- sealed member at its last round, 0 when none is sealed) and ring_retention_stalls (rounds that
+-- left a member sealed past the window, not emptied). A function's result columns cannot be
+-- changed in place: the function and its view are made anew with the rights they had
+-- (pg_monitor's and any an operator added), as 0.3.0 did.
+SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', coalesce(pg_catalog.jsonb_agg(g)::text, '[]'), true)
+FROM (SELECT 'FUNCTION ' || p.oid::pg_catalog.regprocedure::text AS object, a.privilege_type AS privilege,
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee, a.is_grantable
+      FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
+      WHERE p.oid = 'outbox.worker_metrics()'::pg_catalog.regprocedure AND a.grantee <> p.proowner
+      UNION ALL
+      SELECT 'TABLE ' || c.oid::pg_catalog.regclass::text, a.privilege_type,
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable
+      FROM pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(c.relacl) a
+      WHERE c.oid = 'outbox.worker_metrics'::pg_catalog.regclass AND a.grantee <> c.relowner) g;
+
+DROP VIEW outbox.worker_metrics;
+DROP FUNCTION outbox.worker_metrics();
+
+CREATE FUNCTION outbox.worker_metrics(
+	OUT database text, OUT worker integer, OUT pid integer, OUT state text, OUT broker_state text,
+	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
+	OUT started_at timestamptz,
+	OUT events_published bigint, OUT events_failed bigint, OUT events_retried bigint,
+	OUT events_requeued bigint, OUT backoffs bigint, OUT batches bigint,
+	OUT batch_size double precision[], OUT batch_size_bucket bigint[],
+	OUT batch_size_sum double precision, OUT batch_size_count bigint,
+	OUT publish_seconds double precision[], OUT publish_seconds_bucket bigint[],
+	OUT publish_seconds_sum double precision, OUT publish_seconds_count bigint,
+	OUT claim_seconds double precision[], OUT claim_seconds_bucket bigint[],
+	OUT claim_seconds_sum double precision, OUT claim_seconds_count bigint,
+	OUT record_seconds double precision[], OUT record_seconds_bucket bigint[],
+	OUT record_seconds_sum double precision, OUT record_seconds_count bigint,
+	OUT events_resent bigint,
+	OUT ring_oldest_sealed_age_seconds double precision, OUT ring_retention_stalls bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_metrics'
+LANGUAGE C VOLATILE STRICT;
+
+CREATE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics();
+
+COMMENT ON VIEW outbox.worker_metrics IS
+	'Relay workers'' metrics since their start: events published, failed, retried, requeued, resent; batch size and publish, claim and record time histograms; broker and backoff state; the ring''s oldest sealed member and retention rounds that could not empty an overdue one';
+
+REVOKE ALL ON FUNCTION outbox.worker_metrics() FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.worker_metrics FROM PUBLIC;
+
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.metrics_acl')::jsonb)
+	                       AS x(object text, privilege text, grantee text, is_grantable boolean) LOOP
+		EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege, g.object, g.grantee,
+		               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+END
+$$;
+SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', '', true);
+
 -- ---------------------------------------------------------------------------------------------
 -- pg_dump: the ring's data with the events (events_0 was dumped as outbox.events before). The
 -- ring and ring_start rows are made by this script (a dump would add them twice).
@@ -829,6 +890,8 @@ BEGIN
 	               relay_role);
 	-- Its retention: outbox.ring_retention() (SECURITY DEFINER), nothing more.
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_retention(interval) TO %I', relay_role);
+	-- What the retention could not empty, and why (it warns and counts it: outbox.ring_status).
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_status(interval) TO %I', relay_role);
 END
 $$;
 

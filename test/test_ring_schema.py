@@ -5,10 +5,12 @@ the commit-order re-stamp on a member, the retries on outbox.event_state, and AL
 UPDATE TO '0.4.0' from 0.3.0 with events in every state. Without the relay (outbox.workers = 0):
 its claim on the ring is tested in test_ring_relay.py."""
 
+import os
 import uuid
 
 import psycopg
 import pytest
+import yaml
 
 from harness.pg_cluster import PgCluster
 
@@ -517,6 +519,30 @@ def test_ring_status_is_for_monitoring_roles_only(pg):
             assert state == "42501"
     finally:
         pg.sql(f"REVOKE pg_monitor FROM {READER}")
+    # The exporter's ring query (docs/metrics/queries.yaml) runs on 0.3.0 too, returning nothing.
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "metrics", "queries.yaml")) as f:
+        query = yaml.safe_load(f)["outbox_worker_ring"]["query"]
+    assert pg.sql(query, dbname=OLD) == [] and pg.sql(query, dbname=db) == []  # (no worker here)
+    # The relay role calls it (its retention reports what it could not empty).
+    assert pg.value("SELECT has_function_privilege('outbox_relay', 'outbox.ring_status(interval)', 'EXECUTE')",
+                    dbname=db)
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_update_makes_worker_metrics_anew_with_the_rings_columns_and_its_rights(pg):
+    db = fresh_database(pg)  # 0.3.0
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}; GRANT SELECT ON outbox.worker_metrics TO {READER}; "
+           f"GRANT EXECUTE ON FUNCTION outbox.worker_metrics() TO {READER}", dbname=db)
+    pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)
+    columns = [c for c, _ in pg.sql(VIEW_COLUMNS_SQL, ("outbox.worker_metrics",), dbname=db)]
+    assert columns[-3:] == ["events_resent", "ring_oldest_sealed_age_seconds", "ring_retention_stalls"]
+    for role in (READER, "pg_monitor"):
+        assert pg.value("SELECT has_table_privilege(%s, 'outbox.worker_metrics', 'SELECT') AND "
+                        "has_function_privilege(%s, 'outbox.worker_metrics()', 'EXECUTE')", (role, role), dbname=db)
+    assert not pg.value("SELECT has_table_privilege('public', 'outbox.worker_metrics', 'SELECT') OR "
+                        "has_function_privilege('public', 'outbox.worker_metrics()', 'EXECUTE')", dbname=db)
+    with connect(pg, db, user=READER) as c:
+        assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0  # no worker here
     pg.sql(f"DROP DATABASE {db}")
 
 
