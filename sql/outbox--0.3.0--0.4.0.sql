@@ -640,7 +640,11 @@ BEGIN
 	ELSE
 		SELECT min(w) INTO missing FROM pg_catalog.generate_series(0, latest - 1) w
 		WHERE NOT EXISTS (SELECT FROM outbox.cursors k WHERE k.n_workers = latest AND k.worker = w);
-		SELECT EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > pg_catalog.pg_current_wal_insert_lsn())
+		-- (On a hot standby, which has no insert position, the position replayed: the view is read
+		-- there too.)
+		SELECT EXISTS (SELECT FROM outbox.cursors f
+		               WHERE f.order_lsn > CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+		                                        ELSE pg_catalog.pg_current_wal_insert_lsn() END)
 		INTO forged;
 		IF missing IS NOT NULL THEN
 			cursor_problem := format('no cursor of worker slot %s (n_workers %s) yet', missing, latest);

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from harness.pg_cluster import PgCluster
+from harness.wait import wait_until
 
 RING = "ring"   # CREATE EXTENSION outbox VERSION '0.4.0'
 OLD = "v030"    # CREATE EXTENSION outbox (0.3.0, the default)
@@ -526,6 +527,23 @@ def test_ring_status_is_for_monitoring_roles_only(pg):
     # The relay role calls it (its retention reports what it could not empty).
     assert pg.value("SELECT has_function_privilege('outbox_relay', 'outbox.ring_status(interval)', 'EXECUTE')",
                     dbname=db)
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_ring_status_reads_on_a_hot_standby(pg, standbys):
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("SELECT outbox.enqueue('t', 'k', 'x'::text)", dbname=db)
+    pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+    pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, '0/10'::pg_lsn, 0, "
+           "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
+    standby = pg.make_standby("ring_standby", settings={"outbox.workers": "0"})
+    standbys.append(standby)
+    standby.start()
+    written = pg.value("SELECT pg_current_wal_lsn()::text", dbname=db)
+    wait_until(lambda: standby.value("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (written,)), 60,
+               "the standby replayed the ring")
+    assert standby.sql("SELECT member, overdue, kept_because FROM outbox.ring_status(interval '0') WHERE member = 0",
+                       dbname=db) == [(0, True, "cursor of worker slot 0 (n_workers 1) has not passed it")]
     pg.sql(f"DROP DATABASE {db}")
 
 
