@@ -408,3 +408,34 @@ def test_a_member_held_past_the_window_is_reported_and_emptied_once_let_go(mock_
     assert pg.value("SELECT count(*) FROM outbox.ring_status WHERE kept_because LIKE 'locked by%'") == 0
     assert "ERROR" not in pg.log()
     pg.assert_no_crash_in_log()
+
+
+def test_a_member_a_slot_has_not_passed_is_reported_with_the_slot(mock_cluster, ring_relay):
+    window = 3
+    pg = ring_relay(workers=2, batch_size=50, retention=f"{window}s")
+    enqueue(pg, "orders", rows_for(20, 4))
+    pg.wait_published(20)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.cursors WHERE n_workers = 2") == 2, 30, "both cursors")
+    # Slot 1 stops publishing (its cursor row held elsewhere: as a stopped worker, it passes
+    # nothing more); slot 0 goes on.
+    holder = pg.connect()
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM outbox.cursors WHERE n_workers = 2 AND worker = 1 FOR UPDATE")
+        reason = "cursor of worker slot 1 (n_workers 2) has not passed it"
+
+        def stuck():
+            pg.sql("SELECT outbox.enqueue('orders', 'more-' || g, '{}'::jsonb) FROM generate_series(1, 4) g")
+            return f"is kept: {reason}." in pg.log()
+
+        wait_until(stuck, 120, "the retention's warning naming the slot")
+        assert "HINT:  A relay worker of the ring has not published past the member" in pg.log()
+        assert pg.sql("SELECT member, kept_because FROM outbox.ring_status WHERE overdue ORDER BY sealed_at "
+                      "LIMIT 1") == [(0, reason)]
+        assert ring_metrics(pg)[1] >= 1
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied")
+    wait_until(lambda: "the ring's retention empties its members again" in pg.log(), 60, "the all-clear")
+    assert "ERROR" not in pg.log()
