@@ -609,6 +609,145 @@ $$;
 
 REVOKE ALL ON FUNCTION outbox.truncate_ring_member(smallint), outbox.ring_retention(interval) FROM PUBLIC;
 
+-- What the retention could not do, and why (DESIGN.md "Retention", "Failures"). A member another
+-- session holds, or one a relay cursor has not passed, stays sealed round after round; once no
+-- member is free the current one is never sealed and grows. One row per member: overdue is a
+-- sealed member sealed longer than `older_than` ago that is still there (the retention would
+-- have emptied it), kept_because why, as far as can be told without waiting: 'cursor of worker
+-- slot K (n_workers M) has not passed it' (or why no cursor passes anything, as
+-- truncate_ring_member reads them), 'locked by pid N' (the session that has held a lock on it
+-- longest: it stops the retention's ACCESS EXCLUSIVE lock), 'member K, sealed before it, is
+-- kept: members are emptied oldest first', or NULL. The member's last row is read under its
+-- ACCESS SHARE lock in a subtransaction that is rolled back: the caller keeps no lock on it
+-- (a monitoring session in a long transaction must not hold the retention off itself), and a
+-- lock it cannot get within lock_timeout is reported, not waited for. SECURITY DEFINER, for
+-- pg_monitor and the relay role only: member numbers, times, slots and a pid; no event, no
+-- query text.
+CREATE FUNCTION outbox.ring_status(
+	older_than interval,
+	OUT member smallint, OUT is_current boolean, OUT opened_at timestamptz, OUT sealed_at timestamptz,
+	OUT overdue boolean, OUT kept_because text)
+RETURNS SETOF record
+LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '100ms'
+AS $$
+DECLARE
+	g record;
+	c record;
+	holder record;
+	holders bigint;
+	latest integer;
+	missing integer;
+	forged boolean;
+	cursor_problem text;
+	last_lsn pg_lsn;
+	last_id bigint;
+	got_last boolean;
+	first_kept smallint;
+	rel oid;
+BEGIN
+	IF older_than < interval '0' THEN
+		RAISE EXCEPTION 'older_than must not be negative: %', older_than
+			USING ERRCODE = 'invalid_parameter_value',
+			      HINT = 'Pass the retention window, e.g. interval ''7 days'' (outbox.ring_status uses outbox.retention).';
+	END IF;
+	-- Why no cursor passes anything, if so (the floor of truncate_ring_member()).
+	SELECT o.n_workers INTO latest FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1;
+	IF latest IS NULL THEN
+		cursor_problem := 'no relay cursor yet (no relay has published from the ring)';
+	ELSE
+		SELECT min(w) INTO missing FROM pg_catalog.generate_series(0, latest - 1) w
+		WHERE NOT EXISTS (SELECT FROM outbox.cursors k WHERE k.n_workers = latest AND k.worker = w);
+		-- (On a hot standby, which has no insert position, the position replayed: the view is read
+		-- there too.)
+		SELECT EXISTS (SELECT FROM outbox.cursors f
+		               WHERE f.order_lsn > CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
+		                                        ELSE pg_catalog.pg_current_wal_insert_lsn() END)
+		INTO forged;
+		IF missing IS NOT NULL THEN
+			cursor_problem := format('no cursor of worker slot %s (n_workers %s) yet', missing, latest);
+		ELSIF forged THEN
+			cursor_problem := 'a cursor lies above the WAL insert position (not a relay''s: set by hand or restored)';
+		END IF;
+	END IF;
+	FOR g IN SELECT r.member, r.is_current, r.opened_at, r.sealed_at FROM outbox.ring r
+	         ORDER BY r.sealed_at NULLS LAST, r.member LOOP
+		member := g.member;
+		is_current := g.is_current;
+		opened_at := g.opened_at;
+		sealed_at := g.sealed_at;
+		overdue := NOT g.is_current AND g.sealed_at IS NOT NULL AND g.sealed_at <= pg_catalog.now() - older_than;
+		kept_because := NULL;
+		IF overdue THEN
+			rel := pg_catalog.to_regclass('outbox.events_' || g.member);
+			-- The member's last row (ACCESS SHARE, given back at once: the block is rolled back;
+			-- the variables keep what was read).
+			got_last := false;
+			last_lsn := NULL;
+			last_id := NULL;
+			BEGIN
+				EXECUTE format('SELECT e.order_lsn, e.id FROM outbox.%I e ORDER BY e.order_lsn DESC, e.id DESC LIMIT 1',
+				               'events_' || g.member)
+				INTO last_lsn, last_id;
+				got_last := true;
+				RAISE EXCEPTION 'read' USING ERRCODE = 'OBX02';
+			EXCEPTION
+				WHEN SQLSTATE 'OBX02' THEN NULL;
+				WHEN lock_not_available THEN NULL; -- held in ACCESS EXCLUSIVE mode: the lock below says by whom
+			END;
+			IF got_last AND last_lsn IS NOT NULL THEN
+				kept_because := cursor_problem;
+				IF kept_because IS NULL THEN
+					SELECT k.worker, k.n_workers INTO c FROM outbox.cursors k
+					WHERE k.n_workers = latest AND (k.order_lsn, k.id) < (last_lsn, last_id)
+					ORDER BY k.order_lsn, k.id, k.worker LIMIT 1;
+					IF FOUND THEN
+						kept_because := format('cursor of worker slot %s (n_workers %s) has not passed it',
+						                       c.worker, c.n_workers);
+					END IF;
+				END IF;
+			END IF;
+			IF kept_because IS NULL THEN
+				-- Who holds a lock on it, the longest-running transaction first (a relay's claim
+				-- holds one for a publish; a prepared transaction has no pid).
+				SELECT l.pid, pg_catalog.count(*) OVER () AS n INTO holder
+				FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+				WHERE l.locktype = 'relation' AND l.relation = rel AND l.granted
+				  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+				  AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+				ORDER BY l.pid IS NOT NULL, a.xact_start NULLS LAST, l.pid
+				LIMIT 1;
+				IF FOUND THEN
+					holders := holder.n;
+					kept_because := CASE WHEN holder.pid IS NULL THEN 'locked by a prepared transaction'
+					                     ELSE format('locked by pid %s', holder.pid) END
+					                || CASE WHEN holders > 1 THEN format(' (and %s more)', holders - 1) ELSE '' END;
+				END IF;
+			END IF;
+			IF kept_because IS NULL AND first_kept IS NOT NULL THEN
+				kept_because := format('member %s, sealed before it, is kept: members are emptied oldest first', first_kept);
+			END IF;
+			first_kept := coalesce(first_kept, g.member);
+		END IF;
+		RETURN NEXT;
+	END LOOP;
+END
+$$;
+
+CREATE VIEW outbox.ring_status AS
+SELECT s.member, s.is_current, s.opened_at, s.sealed_at, s.overdue, s.kept_because
+FROM outbox.ring_status(pg_catalog.current_setting('outbox.retention')::interval) s
+ORDER BY s.member;
+
+COMMENT ON VIEW outbox.ring_status IS
+	'The ring''s members: current, opened, sealed, overdue (sealed longer than outbox.retention ago and still kept) and why it is kept';
+
+REVOKE ALL ON FUNCTION outbox.ring_status(interval) FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.ring_status FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION outbox.ring_status(interval) TO pg_monitor;
+GRANT SELECT ON outbox.ring_status TO pg_monitor;
+
 -- purge() on 0.4.0: one round of the ring's retention (batch_size is checked, as before, and
 -- otherwise unused: a member goes in one TRUNCATE).
 CREATE OR REPLACE FUNCTION outbox.purge(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
@@ -642,6 +781,67 @@ END
 $$;
 
 -- outbox.topic_metrics() (SQL, reading outbox.events by status) reads the view unchanged.
+
+-- outbox.worker_metrics gets the ring's retention after its columns (unchanged):
+-- ring_oldest_sealed_age_seconds (worker 0, which keeps the retention: the age of the oldest
+-- sealed member at its last round, 0 when none is sealed) and ring_retention_stalls (rounds that
+-- left a member sealed past the window, not emptied). A function's result columns cannot be
+-- changed in place: the function and its view are made anew with the rights they had
+-- (pg_monitor's and any an operator added), as 0.3.0 did.
+SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', coalesce(pg_catalog.jsonb_agg(g)::text, '[]'), true)
+FROM (SELECT 'FUNCTION ' || p.oid::pg_catalog.regprocedure::text AS object, a.privilege_type AS privilege,
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee, a.is_grantable
+      FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
+      WHERE p.oid = 'outbox.worker_metrics()'::pg_catalog.regprocedure AND a.grantee <> p.proowner
+      UNION ALL
+      SELECT 'TABLE ' || c.oid::pg_catalog.regclass::text, a.privilege_type,
+             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable
+      FROM pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(c.relacl) a
+      WHERE c.oid = 'outbox.worker_metrics'::pg_catalog.regclass AND a.grantee <> c.relowner) g;
+
+DROP VIEW outbox.worker_metrics;
+DROP FUNCTION outbox.worker_metrics();
+
+CREATE FUNCTION outbox.worker_metrics(
+	OUT database text, OUT worker integer, OUT pid integer, OUT state text, OUT broker_state text,
+	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
+	OUT started_at timestamptz,
+	OUT events_published bigint, OUT events_failed bigint, OUT events_retried bigint,
+	OUT events_requeued bigint, OUT backoffs bigint, OUT batches bigint,
+	OUT batch_size double precision[], OUT batch_size_bucket bigint[],
+	OUT batch_size_sum double precision, OUT batch_size_count bigint,
+	OUT publish_seconds double precision[], OUT publish_seconds_bucket bigint[],
+	OUT publish_seconds_sum double precision, OUT publish_seconds_count bigint,
+	OUT claim_seconds double precision[], OUT claim_seconds_bucket bigint[],
+	OUT claim_seconds_sum double precision, OUT claim_seconds_count bigint,
+	OUT record_seconds double precision[], OUT record_seconds_bucket bigint[],
+	OUT record_seconds_sum double precision, OUT record_seconds_count bigint,
+	OUT events_resent bigint,
+	OUT ring_oldest_sealed_age_seconds double precision, OUT ring_retention_stalls bigint)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'outbox_worker_metrics'
+LANGUAGE C VOLATILE STRICT;
+
+CREATE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics();
+
+COMMENT ON VIEW outbox.worker_metrics IS
+	'Relay workers'' metrics since their start: events published, failed, retried, requeued, resent; batch size and publish, claim and record time histograms; broker and backoff state; the ring''s oldest sealed member and retention rounds that could not empty an overdue one';
+
+REVOKE ALL ON FUNCTION outbox.worker_metrics() FROM PUBLIC;
+REVOKE ALL ON TABLE outbox.worker_metrics FROM PUBLIC;
+
+DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.metrics_acl')::jsonb)
+	                       AS x(object text, privilege text, grantee text, is_grantable boolean) LOOP
+		EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege, g.object, g.grantee,
+		               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+	END LOOP;
+END
+$$;
+SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', '', true);
 
 -- ---------------------------------------------------------------------------------------------
 -- pg_dump: the ring's data with the events (events_0 was dumped as outbox.events before). The
@@ -720,6 +920,8 @@ BEGIN
 	EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON outbox.event_state TO %I', relay_role);
 	-- Its retention: outbox.ring_retention() (SECURITY DEFINER), nothing more.
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_retention(interval) TO %I', relay_role);
+	-- What the retention could not empty, and why (it warns and counts it: outbox.ring_status).
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_status(interval) TO %I', relay_role);
 END
 $$;
 

@@ -6,10 +6,13 @@ events go through outbox.event_state; block_key holds a key; an open writer hold
 and nothing is skipped; a SIGKILL loses nothing; two workers keep per-key order; and an
 ALTER EXTENSION UPDATE TO '0.4.0' under a running 0.3.0 relay loses and re-sends nothing."""
 
+import datetime
+import os
 import signal
 
 import psycopg
 import pytest
+import yaml
 
 from harness.kafka_reader import check_delivery, read_topic
 from harness.wait import wait_until
@@ -338,4 +341,101 @@ def test_the_relays_own_retention_rotates_and_empties_the_ring(mock_cluster, rin
     records = read_topic(mock_cluster.bootstrap, "orders", 60, settle=True)
     check = check_delivery(records, expected)
     assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    assert "ERROR" not in pg.log()
+
+
+def ring_metrics(pg):
+    """(ring_oldest_sealed_age_seconds, ring_retention_stalls) of worker 0."""
+    return tuple(pg.sql("SELECT ring_oldest_sealed_age_seconds, ring_retention_stalls FROM outbox.worker_metrics "
+                        "WHERE worker = 0")[0])
+
+
+def exporter_ring_query():
+    """The SQL of docs/metrics/queries.yaml's outbox_worker_ring (what postgres_exporter runs)."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "metrics", "queries.yaml")) as f:
+        return yaml.safe_load(f)["outbox_worker_ring"]["query"]
+
+
+def test_a_member_held_past_the_window_is_reported_and_emptied_once_let_go(mock_cluster, ring_relay):
+    window = 3
+    pg = ring_relay(batch_size=50, retention=f"{window}s")
+    enqueue(pg, "orders", rows_for(10, 2))
+    pg.wait_published(10)
+    assert ring_metrics(pg)[1] == 0
+    holder = pg.connect()
+    try:
+        # A long transaction that read events_0 (as a long SELECT of outbox.events would) holds
+        # it once it is sealed: the retention cannot take its lock. Events keep coming, so the
+        # ring rotates through the free members until the next one is events_0 again.
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM outbox.events_0")
+        holder_pid = holder.execute("SELECT pg_backend_pid()").fetchone()[0]
+        reason = f"locked by pid {holder_pid}"
+
+        def stuck():
+            pg.sql("SELECT outbox.enqueue('orders', 'more', '{}'::jsonb)")
+            return "outbox.events_0 was sealed longer than outbox.retention" in pg.log()
+
+        wait_until(stuck, 120, "the retention's warning")
+        kept = pg.value("SELECT count(*) FROM outbox.events_0")
+        assert kept >= 10
+        log = pg.log()
+        assert "WARNING:  outbox relay 0: the ring's retention cannot empty outbox.events_0" in log
+        assert f"is kept: {reason}." in log
+        assert "HINT:  End that session's transaction" in log
+        assert pg.sql("SELECT member, overdue, kept_because FROM outbox.ring_status WHERE overdue ORDER BY sealed_at "
+                      "LIMIT 1") == [(0, True, reason)]
+        assert wait_until(lambda: ring_metrics(pg)[1] >= 2, 60, "retention stalls counted")
+        # The oldest sealed member's age keeps growing while it is held.
+        stuck_age = wait_until(lambda: ring_metrics(pg)[0] >= 2 * window and ring_metrics(pg)[0], 60,
+                               "the oldest sealed member's age past twice the window")
+        assert pg.value("SELECT count(*) FROM outbox.events_0") == kept
+        # What the exporter scrapes (outbox_worker_ring_*).
+        [(database, worker, age, stalls)] = pg.sql(exporter_ring_query())
+        assert (database, worker) == ("postgres", "0") and age >= 2 * window and stalls >= 2
+        # Once a minute at most, though several rounds were stuck meanwhile.
+        warned_at = [datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f")
+                     for line in pg.log().splitlines() if "the ring's retention cannot empty" in line]
+        assert warned_at and all((b - a).total_seconds() >= 59 for a, b in zip(warned_at, warned_at[1:]))
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    # Let go: the next round empties events_0 (and the members behind it), the ring rotates
+    # again, the warning is followed by its all-clear and the age falls.
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied")
+    wait_until(lambda: "the ring's retention empties its members again" in pg.log(), 60, "the all-clear")
+    wait_until(lambda: ring_metrics(pg)[0] < stuck_age, 60, "the oldest sealed member's age falling")
+    assert pg.value("SELECT count(*) FROM outbox.ring_status WHERE kept_because LIKE 'locked by%'") == 0
+    assert "ERROR" not in pg.log()
+    pg.assert_no_crash_in_log()
+
+
+def test_a_member_a_slot_has_not_passed_is_reported_with_the_slot(mock_cluster, ring_relay):
+    window = 3
+    pg = ring_relay(workers=2, batch_size=50, retention=f"{window}s")
+    enqueue(pg, "orders", rows_for(20, 4))
+    pg.wait_published(20)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.cursors WHERE n_workers = 2") == 2, 30, "both cursors")
+    # Slot 1 stops publishing (its cursor row held elsewhere: as a stopped worker, it passes
+    # nothing more); slot 0 goes on.
+    holder = pg.connect()
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM outbox.cursors WHERE n_workers = 2 AND worker = 1 FOR UPDATE")
+        reason = "cursor of worker slot 1 (n_workers 2) has not passed it"
+
+        def stuck():
+            pg.sql("SELECT outbox.enqueue('orders', 'more-' || g, '{}'::jsonb) FROM generate_series(1, 4) g")
+            return f"is kept: {reason}." in pg.log()
+
+        wait_until(stuck, 120, "the retention's warning naming the slot")
+        assert "HINT:  A relay worker of the ring has not published past the member" in pg.log()
+        assert pg.sql("SELECT member, kept_because FROM outbox.ring_status WHERE overdue ORDER BY sealed_at "
+                      "LIMIT 1") == [(0, reason)]
+        assert ring_metrics(pg)[1] >= 1
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied")
+    wait_until(lambda: "the ring's retention empties its members again" in pg.log(), 60, "the all-clear")
     assert "ERROR" not in pg.log()

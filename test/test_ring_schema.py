@@ -5,12 +5,15 @@ the commit-order re-stamp on a member, the retries on outbox.event_state, and AL
 UPDATE TO '0.4.0' from 0.3.0 with events in every state. Without the relay (outbox.workers = 0):
 its claim on the ring is tested in test_ring_relay.py."""
 
+import os
 import uuid
 
 import psycopg
 import pytest
+import yaml
 
 from harness.pg_cluster import PgCluster
+from harness.wait import wait_until
 
 RING = "ring"   # CREATE EXTENSION outbox VERSION '0.4.0'
 OLD = "v030"    # CREATE EXTENSION outbox (0.3.0, the default)
@@ -424,6 +427,142 @@ def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):
     assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
     assert pg.value("SELECT count(*) FROM outbox.events_1", dbname=db) == 0
     assert pg.sql("SELECT member FROM outbox.ring WHERE is_current", dbname=db) == [(2,)]
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def ring_status(conn, window="0"):
+    """{member: (is_current, sealed, overdue, kept_because)} of outbox.ring_status(window)."""
+    rows = conn.execute("SELECT member, is_current, sealed_at IS NOT NULL, overdue, kept_because "
+                        "FROM outbox.ring_status(%s::interval)", (window,)).fetchall()
+    return {m: tuple(rest) for m, *rest in rows}
+
+
+def test_ring_status_says_what_keeps_a_sealed_member(pg):
+    db = fresh_database(pg, "0.4.0")
+    for n in range(3):
+        pg.sql("SELECT outbox.enqueue('t', %s, 'x'::text)", (f"k{n}",), dbname=db)
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0  # sealed, no relay: kept
+    with connect(pg, db) as c, connect(pg, db) as holder:
+        status = ring_status(c)
+        assert status[0] == (False, True, True, "no relay cursor yet (no relay has published from the ring)")
+        assert status[1] == (True, False, False, None)
+        assert status[2] == status[3] == (False, False, False, None)
+        # Not past a window of a day: not overdue, no reason asked for.
+        assert ring_status(c, "1 day")[0] == (False, True, False, None)
+        # The view uses outbox.retention (7 days here), one row per member in order.
+        assert pg.sql("SELECT member, overdue, kept_because FROM outbox.ring_status", dbname=db) == [
+            (0, False, None), (1, False, None), (2, False, None), (3, False, None)]
+        # A relay slot whose cursor is below the member's last row.
+        cursor = ("INSERT INTO outbox.cursors VALUES (2, %s, %s::pg_lsn, 0, "
+                  "(SELECT system_identifier FROM pg_control_system()), now())")
+        pg.sql(cursor, (0, pg.value("SELECT pg_current_wal_insert_lsn()::text", dbname=db)), dbname=db)
+        assert ring_status(c)[0][3] == "no cursor of worker slot 1 (n_workers 2) yet"
+        pg.sql(cursor, (1, pg.value("SELECT order_lsn::text FROM outbox.ring_start", dbname=db)), dbname=db)
+        assert ring_status(c)[0][3] == "cursor of worker slot 1 (n_workers 2) has not passed it"
+        pg.sql("UPDATE outbox.cursors SET order_lsn = 'FFFFFFFF/FFFFFFFF' WHERE worker = 1", dbname=db)
+        assert ring_status(c)[0][3].startswith("a cursor lies above the WAL insert position")
+        pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn() WHERE worker = 1", dbname=db)
+        # Every cursor passed it; a session holds it (a long SELECT of it in an open transaction):
+        # the retention skips it, the status names the session.
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM outbox.events_0")
+        holder_pid = holder.execute("SELECT pg_backend_pid()").fetchone()[0]
+        assert ring_status(c)[0] == (False, True, True, f"locked by pid {holder_pid}")
+        assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+        assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+        # A second sealed member behind it waits for it (emptied oldest first).
+        pg.sql("SELECT outbox.enqueue('t', 'k9', 'x'::text)", dbname=db)
+        pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn()", dbname=db)
+        pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+        status = ring_status(c)
+        assert status[1] == (False, True, True, "member 0, sealed before it, is kept: members are emptied oldest first")
+        # Asking keeps no lock on a member, also inside a transaction of the caller's.
+        c.execute("BEGIN")
+        ring_status(c)
+        assert c.execute("SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND relation IN "
+                         "('outbox.events_0'::regclass, 'outbox.events_1'::regclass)").fetchone()[0] == 0
+        c.execute("COMMIT")
+        # The holder ends: the next round empties both, and nothing is overdue any more.
+        holder.execute("COMMIT")
+        pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+        assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+        assert [v[2] for v in ring_status(c).values()] == [False] * 4
+        state, _ = refusal(c, "SELECT * FROM outbox.ring_status(interval '-1 day')")
+        assert state == "22023"
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_ring_status_is_for_monitoring_roles_only(pg):
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("SELECT outbox.enqueue('t', 'k', 'secret'::text)", dbname=db)
+    pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+    assert pg.value("SELECT has_table_privilege('public', 'outbox.ring_status', 'SELECT') OR "
+                    "has_function_privilege('public', 'outbox.ring_status(interval)', 'EXECUTE')", dbname=db) is False
+    # A role with the schema's USAGE (and even SELECT on the ring) reads neither the view nor
+    # the function.
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {HOSTILE}", dbname=db)
+    try:
+        with connect(pg, db, user=HOSTILE) as c:
+            for statement in ("SELECT * FROM outbox.ring_status", "SELECT * FROM outbox.ring_status(interval '0')",
+                              "SELECT * FROM outbox.ring"):
+                state, _ = refusal(c, statement)
+                assert state == "42501", statement
+    finally:
+        pg.sql(f"REVOKE USAGE ON SCHEMA outbox FROM {HOSTILE}", dbname=db)
+    # A monitoring role (pg_monitor, as for outbox.worker_metrics) reads it: members, times,
+    # reasons; nothing of an event.
+    pg.sql(f"GRANT pg_monitor TO {READER}")
+    try:
+        with connect(pg, db, user=READER) as c:
+            rows = c.execute("SELECT * FROM outbox.ring_status(interval '0')").fetchall()
+            assert len(rows) == 4 and not any("secret" in repr(r) for r in rows)
+            assert [d.name for d in c.execute("SELECT * FROM outbox.ring_status").description] == [
+                "member", "is_current", "opened_at", "sealed_at", "overdue", "kept_because"]
+            state, _ = refusal(c, "SELECT * FROM outbox.events_0")
+            assert state == "42501"
+    finally:
+        pg.sql(f"REVOKE pg_monitor FROM {READER}")
+    # The exporter's ring query (docs/metrics/queries.yaml) runs on 0.3.0 too, returning nothing.
+    with open(os.path.join(os.path.dirname(__file__), "..", "docs", "metrics", "queries.yaml")) as f:
+        query = yaml.safe_load(f)["outbox_worker_ring"]["query"]
+    assert pg.sql(query, dbname=OLD) == [] and pg.sql(query, dbname=db) == []  # (no worker here)
+    # The relay role calls it (its retention reports what it could not empty).
+    assert pg.value("SELECT has_function_privilege('outbox_relay', 'outbox.ring_status(interval)', 'EXECUTE')",
+                    dbname=db)
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_ring_status_reads_on_a_hot_standby(pg, standbys):
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("SELECT outbox.enqueue('t', 'k', 'x'::text)", dbname=db)
+    pg.sql("SELECT outbox.purge(interval '0')", dbname=db)
+    pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, '0/10'::pg_lsn, 0, "
+           "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
+    standby = pg.make_standby("ring_standby", settings={"outbox.workers": "0"})
+    standbys.append(standby)
+    standby.start()
+    written = pg.value("SELECT pg_current_wal_lsn()::text", dbname=db)
+    wait_until(lambda: standby.value("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (written,)), 60,
+               "the standby replayed the ring")
+    assert standby.sql("SELECT member, overdue, kept_because FROM outbox.ring_status(interval '0') WHERE member = 0",
+                       dbname=db) == [(0, True, "cursor of worker slot 0 (n_workers 1) has not passed it")]
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_update_makes_worker_metrics_anew_with_the_rings_columns_and_its_rights(pg):
+    db = fresh_database(pg)  # 0.3.0
+    pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}; GRANT SELECT ON outbox.worker_metrics TO {READER}; "
+           f"GRANT EXECUTE ON FUNCTION outbox.worker_metrics() TO {READER}", dbname=db)
+    pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)
+    columns = [c for c, _ in pg.sql(VIEW_COLUMNS_SQL, ("outbox.worker_metrics",), dbname=db)]
+    assert columns[-3:] == ["events_resent", "ring_oldest_sealed_age_seconds", "ring_retention_stalls"]
+    for role in (READER, "pg_monitor"):
+        assert pg.value("SELECT has_table_privilege(%s, 'outbox.worker_metrics', 'SELECT') AND "
+                        "has_function_privilege(%s, 'outbox.worker_metrics()', 'EXECUTE')", (role, role), dbname=db)
+    assert not pg.value("SELECT has_table_privilege('public', 'outbox.worker_metrics', 'SELECT') OR "
+                        "has_function_privilege('public', 'outbox.worker_metrics()', 'EXECUTE')", dbname=db)
+    with connect(pg, db, user=READER) as c:
+        assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0  # no worker here
     pg.sql(f"DROP DATABASE {db}")
 
 

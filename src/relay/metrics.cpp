@@ -119,4 +119,12 @@ MetricsNoteStepError(WorkerSlot *slot, uint64 resent, TimestampTz until) {
 	SpinLockRelease(&slot->mutex);
 }
 
+void
+MetricsNoteRingRetention(WorkerSlot *slot, TimestampTz oldest_sealed_at, bool stalled) {
+	SpinLockAcquire(&slot->mutex);
+	slot->metrics.ring_oldest_sealed_at = oldest_sealed_at;
+	slot->metrics.ring_retention_stalls += stalled ? 1 : 0;
+	SpinLockRelease(&slot->mutex);
+}
+
 } // namespace outbox

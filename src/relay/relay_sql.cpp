@@ -160,6 +160,20 @@ Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT8OID}, 0, nullptr};
 // Schema 0.4.0: one round of the ring's rotation and TRUNCATE (the script's outbox.ring_retention()).
 constexpr const char *kRingPurgeSql = "SELECT outbox.ring_retention(pg_catalog.make_interval(secs => $1))";
 Statement ring_purge_stmt = {kRingPurgeSql, 1, {INT4OID}, 0, nullptr};
+// Right after the round, in its transaction (the same now()): the oldest sealed member, the
+// oldest one sealed past the window that the round left (overdue) and why, and whether the
+// member after the current one is free (if not, the current member is never sealed: it grows).
+constexpr const char *kRingStatusSql = R"SQL(
+WITH s AS MATERIALIZED (SELECT * FROM outbox.ring_status(pg_catalog.make_interval(secs => $1)))
+SELECT (SELECT pg_catalog.min(a.sealed_at) FROM s a WHERE a.sealed_at IS NOT NULL AND NOT a.is_current),
+       k.member, k.sealed_at, k.kept_because,
+       NOT EXISTS (SELECT FROM s c JOIN s n ON n.member = (c.member + 1) % 4
+                   WHERE c.is_current AND NOT n.is_current AND n.sealed_at IS NULL)
+FROM (SELECT 1) one
+LEFT JOIN LATERAL (SELECT o.member, o.sealed_at, o.kept_because FROM s o WHERE o.overdue
+                   ORDER BY o.sealed_at, o.member LIMIT 1) k ON true
+)SQL";
+Statement ring_status_stmt = {kRingStatusSql, 1, {INT4OID}, 0, nullptr};
 
 // Prepared once per worker and kept: the plan cache re-plans if the table is recreated.
 SPIPlanPtr
@@ -1072,7 +1086,8 @@ MillisUntilNextRetry(const LaneSet &lanes) {
 }
 
 int64
-PurgeBatch(int retention_s, int batch_size) {
+PurgeBatch(int retention_s, int batch_size, RingRetentionOutcome *ring) {
+	ring->on_ring = false;
 	if (BeginStep("outbox relay: purge") != TableState::Ready) {
 		return 0;
 	}
@@ -1082,6 +1097,23 @@ PurgeBatch(int retention_s, int batch_size) {
 		bool isnull;
 		Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 		int64 n = isnull ? 0 : DatumGetInt64(d);
+		Execute("purge", ring_status_stmt, seconds, nullptr, SPI_OK_SELECT);
+		HeapTuple row = SPI_tuptable->vals[0];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		ring->on_ring = true;
+		d = SPI_getbinval(row, desc, 1, &isnull);
+		ring->oldest_sealed_at = isnull ? 0 : DatumGetTimestampTz(d);
+		d = SPI_getbinval(row, desc, 2, &isnull);
+		ring->overdue_member = isnull ? -1 : int(DatumGetInt16(d));
+		d = SPI_getbinval(row, desc, 3, &isnull);
+		ring->overdue_sealed_at = isnull ? 0 : DatumGetTimestampTz(d);
+		d = SPI_getbinval(row, desc, 4, &isnull);
+		ring->kept_because[0] = '\0';
+		if (!isnull) {
+			strlcpy(ring->kept_because, TextDatumGetCString(d), sizeof(ring->kept_because));
+		}
+		d = SPI_getbinval(row, desc, 5, &isnull);
+		ring->rotation_blocked = !isnull && DatumGetBool(d);
 		EndStep();
 		// A round empties whole members: never "a full batch, go on" (batch_size is 0.3.0's).
 		return Min(n, int64(batch_size) - 1);

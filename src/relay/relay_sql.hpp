@@ -93,7 +93,20 @@ int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Del
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
 int64 MillisUntilNextRetry(const LaneSet &lanes);
 
-// One retention batch in its own transaction; returns rows deleted.
-int64 PurgeBatch(int retention_s, int batch_size);
+// What a retention round on the ring (schema 0.4.0) left behind, read in the round's own
+// transaction (the same now()) from outbox.ring_status. Plain data: the worker logs and counts
+// it after the step.
+struct RingRetentionOutcome {
+	bool on_ring;                // the round ran on the ring (else nothing below is set)
+	TimestampTz oldest_sealed_at; // the oldest sealed member's seal, 0 when none is sealed
+	int overdue_member;           // the oldest member sealed past the window and still kept, or -1
+	TimestampTz overdue_sealed_at;
+	bool rotation_blocked;        // the member after the current one is not free
+	char kept_because[192];       // why overdue_member is kept ("" when it could not be told)
+};
+
+// One retention batch in its own transaction; returns rows deleted. On the ring, `ring` tells
+// what the round could not empty.
+int64 PurgeBatch(int retention_s, int batch_size, RingRetentionOutcome *ring);
 
 } // namespace outbox

@@ -67,6 +67,12 @@ int error_steps = 0;
 Outcome *batch_outcomes = nullptr;
 int batch_size_in_flight = 0;
 TimestampTz last_purge = 0;
+// The ring's retention stuck (schema 0.4.0): when its WARNING was last logged (once a minute;
+// only worker 0 keeps a database's retention, so per database), and whether one was logged since
+// the ring last rotated freely.
+TimestampTz last_ring_warning_at = 0;
+bool ring_warned = false;
+RingRetentionOutcome ring_outcome;
 // Log de-duplication, so a down broker or a bad setting gives one line, not one per retry.
 char last_logged[512];
 TimestampTz last_logged_at = 0;
@@ -815,6 +821,49 @@ RunBatch(const Batch &batch) {
 	}
 }
 
+// After a retention round on the ring: the metrics, and a WARNING (once a minute) while a member
+// sealed past the window could not be emptied and the member after the current one is not free,
+// so the current member is not sealed and grows without bound (DESIGN.md "Retention"); a LOG
+// line once the ring rotates freely again.
+void
+NoteRingRetention(const RingRetentionOutcome &ring) {
+	bool overdue = ring.overdue_member >= 0;
+	MetricsNoteRingRetention(slot, ring.oldest_sealed_at, overdue);
+	if (!overdue || !ring.rotation_blocked) {
+		if (ring_warned) {
+			ereport(LOG, (errmsg("outbox relay %d: the ring's retention empties its members again", worker_index)));
+			ring_warned = false;
+			last_ring_warning_at = 0;
+		}
+		return;
+	}
+	TimestampTz now = GetCurrentTimestamp();
+	if (last_ring_warning_at != 0 && !TimestampDifferenceExceeds(last_ring_warning_at, now, kRepeatLogLineMs)) {
+		return;
+	}
+	last_ring_warning_at = now;
+	ring_warned = true;
+	long seconds = long((now - ring.overdue_sealed_at) / USECS_PER_SEC);
+	const char *why = ring.kept_because[0] != '\0' ? ring.kept_because : "the reason could not be told";
+	const char *hint;
+	if (strncmp(ring.kept_because, "locked by", 9) == 0) {
+		hint = "End that session's transaction (pg_stat_activity shows it; pg_terminate_backend() ends it); the next "
+		       "round empties the member. outbox.ring_status shows every member and what keeps it.";
+	} else if (strstr(ring.kept_because, "cursor") != nullptr) {
+		hint = "A relay worker of the ring has not published past the member: see outbox.workers for its state and "
+		       "last_error. outbox.ring_status shows every member and what keeps it.";
+	} else {
+		hint = "outbox.ring_status shows every member and what keeps it.";
+	}
+	ereport(WARNING,
+	        (errmsg("outbox relay %d: the ring's retention cannot empty outbox.events_%d, sealed %ld s ago; no member is "
+	                "free, so the current member is not rotated and grows",
+	                worker_index, ring.overdue_member, seconds),
+	         errdetail("outbox.events_%d was sealed longer than outbox.retention (%d s) ago and is kept: %s.",
+	                   ring.overdue_member, settings.retention_s, why),
+	         errhint("%s", hint)));
+}
+
 void
 MaybePurge() {
 	if (worker_index != 0 || settings.retention_s <= 0) {
@@ -827,7 +876,11 @@ MaybePurge() {
 	}
 	last_purge = now;
 	for (int i = 0; i < kMaxPurgeBatchesPerRound && !ShutdownRequestPending; i++) {
-		if (PurgeBatch(settings.retention_s, settings.purge_batch_size) < settings.purge_batch_size) {
+		int64 n = PurgeBatch(settings.retention_s, settings.purge_batch_size, &ring_outcome);
+		if (ring_outcome.on_ring) {
+			NoteRingRetention(ring_outcome);
+		}
+		if (n < settings.purge_batch_size) {
 			break;
 		}
 	}

@@ -15,7 +15,10 @@ constexpr int kHistograms = 4;
 // events_resent (0.3.0) comes after the histograms; a 0.2.0 schema's view, between a library
 // update and ALTER EXTENSION UPDATE, has every column but it.
 constexpr int kResentColumn = kFixedColumns + 4 * kHistograms;
-constexpr int kColumns = kResentColumn + 1;
+// The ring's retention (0.4.0, after events_resent): a 0.3.0 view has every column but these two.
+constexpr int kRingSealedAgeColumn = kResentColumn + 1;
+constexpr int kRingStallsColumn = kResentColumn + 2;
+constexpr int kColumns = kRingStallsColumn + 1;
 
 // Puts one histogram's four columns at values[at..at+3].
 void
@@ -40,7 +43,7 @@ PutHistogram(const outbox::Histogram &h, const double *bounds, int n_bounds, Dat
 OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 	Tuplestorestate *store = BeginRows(fcinfo, "outbox.worker_metrics()");
 	TupleDesc desc = reinterpret_cast<ReturnSetInfo *>(fcinfo->resultinfo)->setDesc;
-	if (desc->natts != kColumns && desc->natts != kColumns - 1) {
+	if (desc->natts != kColumns && desc->natts != kRingSealedAgeColumn && desc->natts != kResentColumn) {
 		elog(ERROR, "outbox.worker_metrics: return type must be a row type of %d columns", kColumns);
 	}
 
@@ -86,6 +89,13 @@ OUTBOX_SQL_FUNCTION(outbox_worker_metrics) {
 		PutHistogram(m.claim_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 8);
 		PutHistogram(m.record_seconds, outbox::kSecondsBounds, outbox::kSecondsBuckets, values, kFixedColumns + 12);
 		values[kResentColumn] = Int64GetDatum(int64(m.resent)); // not read by a 0.2.0 view (natts)
+		// Not read by a 0.3.0 view (natts). The age grows between rounds; 0 when nothing is sealed
+		// (and on every worker but the one that keeps the retention).
+		values[kRingSealedAgeColumn] = Float8GetDatum(
+		    m.ring_oldest_sealed_at != 0 && m.ring_oldest_sealed_at < now
+		        ? double(now - m.ring_oldest_sealed_at) / USECS_PER_SEC
+		        : 0.0);
+		values[kRingStallsColumn] = Int64GetDatum(int64(m.ring_retention_stalls));
 		tuplestore_putvalues(store, desc, values, nulls);
 	}
 	return Datum(0);

@@ -31,6 +31,8 @@ struct WorkerMetrics {
 	uint64 backoffs;            // rounds of broker-wide trouble that made the worker back off
 	uint64 resent;              // acked by Kafka, outcome not recorded (a step's ERROR): sent again
 	TimestampTz backoff_until;  // end of the current (or last) broker backoff
+	TimestampTz ring_oldest_sealed_at; // the ring's oldest sealed member at the last retention round (0: none)
+	uint64 ring_retention_stalls;      // retention rounds that left a member sealed past the window
 	Histogram batch_size;       // events per claimed batch
 	Histogram publish_seconds;  // a batch's publish: produce to the last delivery report
 	Histogram claim_seconds;    // every claim statement, empty claims included
@@ -57,5 +59,8 @@ void MetricsNoteBackoff(WorkerSlot *slot, TimestampTz until);
 // A step's ERROR: `resent` acked events of the batch stay pending (they go to Kafka again), and
 // the worker backs off until `until` (not a broker backoff: backoffs is not counted).
 void MetricsNoteStepError(WorkerSlot *slot, uint64 resent, TimestampTz until);
+// After a retention round on the ring (worker 0): the oldest sealed member's seal (0: none) and
+// whether the round left a member sealed past the window (a stall).
+void MetricsNoteRingRetention(WorkerSlot *slot, TimestampTz oldest_sealed_at, bool stalled);
 
 } // namespace outbox
