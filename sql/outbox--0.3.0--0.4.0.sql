@@ -609,6 +609,15 @@ $$;
 
 REVOKE ALL ON FUNCTION outbox.truncate_ring_member(smallint), outbox.ring_retention(interval) FROM PUBLIC;
 
+-- Where every relay cursor has passed, as outbox.truncate_ring_member() reads it (the latest
+-- snapshot): the lowest cursor of the worker count that moved last, or, when nothing is passed,
+-- problem says why. For outbox.ring_status (its owner); granted to nobody.
+CREATE FUNCTION outbox.ring_cursor_floor(
+	OUT order_lsn pg_lsn, OUT id bigint, OUT n_workers integer, OUT worker integer, OUT problem text)
+AS 'MODULE_PATHNAME', 'outbox_ring_cursor_floor'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION outbox.ring_cursor_floor() FROM PUBLIC;
+
 -- What the retention could not do, and why (DESIGN.md "Retention", "Failures"). A member another
 -- session holds, or one a relay cursor has not passed, stays sealed round after round; once no
 -- member is free the current one is never sealed and grows. One row per member: overdue is a
@@ -634,13 +643,9 @@ SET lock_timeout = '100ms'
 AS $$
 DECLARE
 	g record;
-	c record;
+	cursor_floor record;
 	holder record;
 	holders bigint;
-	latest integer;
-	missing integer;
-	forged boolean;
-	cursor_problem text;
 	last_lsn pg_lsn;
 	last_id bigint;
 	got_last boolean;
@@ -652,25 +657,8 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 			      HINT = 'Pass the retention window, e.g. interval ''7 days'' (outbox.ring_status uses outbox.retention).';
 	END IF;
-	-- Why no cursor passes anything, if so (the floor of truncate_ring_member()).
-	SELECT o.n_workers INTO latest FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1;
-	IF latest IS NULL THEN
-		cursor_problem := 'no relay cursor yet (no relay has published from the ring)';
-	ELSE
-		SELECT min(w) INTO missing FROM pg_catalog.generate_series(0, latest - 1) w
-		WHERE NOT EXISTS (SELECT FROM outbox.cursors k WHERE k.n_workers = latest AND k.worker = w);
-		-- (On a hot standby, which has no insert position, the position replayed: the view is read
-		-- there too.)
-		SELECT EXISTS (SELECT FROM outbox.cursors f
-		               WHERE f.order_lsn > CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn()
-		                                        ELSE pg_catalog.pg_current_wal_insert_lsn() END)
-		INTO forged;
-		IF missing IS NOT NULL THEN
-			cursor_problem := format('no cursor of worker slot %s (n_workers %s) yet', missing, latest);
-		ELSIF forged THEN
-			cursor_problem := 'a cursor lies above the WAL insert position (not a relay''s: set by hand or restored)';
-		END IF;
-	END IF;
+	-- Where every cursor has passed, or why nothing is passed (truncate_ring_member()'s reading).
+	SELECT * INTO cursor_floor FROM outbox.ring_cursor_floor();
 	FOR g IN SELECT r.member, r.is_current, r.opened_at, r.sealed_at FROM outbox.ring r
 	         ORDER BY r.sealed_at NULLS LAST, r.member LOOP
 		member := g.member;
@@ -697,15 +685,10 @@ BEGIN
 				WHEN lock_not_available THEN NULL; -- held in ACCESS EXCLUSIVE mode: the lock below says by whom
 			END;
 			IF got_last AND last_lsn IS NOT NULL THEN
-				kept_because := cursor_problem;
-				IF kept_because IS NULL THEN
-					SELECT k.worker, k.n_workers INTO c FROM outbox.cursors k
-					WHERE k.n_workers = latest AND (k.order_lsn, k.id) < (last_lsn, last_id)
-					ORDER BY k.order_lsn, k.id, k.worker LIMIT 1;
-					IF FOUND THEN
-						kept_because := format('cursor of worker slot %s (n_workers %s) has not passed it',
-						                       c.worker, c.n_workers);
-					END IF;
+				kept_because := cursor_floor.problem;
+				IF kept_because IS NULL AND (cursor_floor.order_lsn, cursor_floor.id) < (last_lsn, last_id) THEN
+					kept_because := format('cursor of worker slot %s (n_workers %s) has not passed it',
+					                       cursor_floor.worker, cursor_floor.n_workers);
 				END IF;
 			END IF;
 			IF kept_because IS NULL THEN

@@ -13,8 +13,14 @@
 #include "shared/boundary.hpp"
 
 extern "C" {
+#include "access/xlog.h"
+#if PG_VERSION_NUM >= 150000
+#include "access/xlogrecovery.h"
+#endif
 #include "executor/spi.h"
+#include "funcapi.h"
 #include "storage/lmgr.h"
+#include "utils/builtins.h"
 #include "utils/pg_lsn.h"
 #include "utils/snapmgr.h"
 }
@@ -25,16 +31,25 @@ namespace {
 // last, and only when every slot 0 .. n-1 of it has a row (a slot without one starts lower, at
 // ring_start or at an older count's lowest cursor, and has passed nothing). Its rows start at the
 // lowest cursor of the count before, so they cover what that count passed. A cursor above the
-// WAL insert position was not written by a relay (a restored dump, or by hand): nothing is
-// passed. No row: nothing is passed.
+// WAL position ($1) was not written by a relay (a restored dump, or by hand): nothing is passed.
+// No row: nothing is passed.
 constexpr const char *kLowestCursorSql =
-    "SELECT c.order_lsn, c.id FROM outbox.cursors c, "
+    "SELECT c.order_lsn, c.id, c.n_workers, c.worker FROM outbox.cursors c, "
     "       (SELECT o.n_workers FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1) n "
     "WHERE c.n_workers = n.n_workers "
     "  AND (SELECT count(DISTINCT k.worker) FROM outbox.cursors k "
     "       WHERE k.n_workers = n.n_workers AND k.worker >= 0 AND k.worker < n.n_workers) = n.n_workers "
-    "  AND NOT EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > pg_catalog.pg_current_wal_insert_lsn()) "
-    "ORDER BY c.order_lsn, c.id LIMIT 1";
+    "  AND NOT EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > $1) "
+    "ORDER BY c.order_lsn, c.id, c.worker LIMIT 1";
+
+// When kLowestCursorSql finds nothing, why: the count that moved last, its first slot without a
+// row, and whether a cursor lies above the WAL position.
+constexpr const char *kFloorProblemSql =
+    "SELECT n.n_workers, "
+    "       (SELECT min(w) FROM pg_catalog.generate_series(0, n.n_workers - 1) w "
+    "        WHERE NOT EXISTS (SELECT FROM outbox.cursors k WHERE k.n_workers = n.n_workers AND k.worker = w)), "
+    "       EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > $1) "
+    "FROM (SELECT o.n_workers FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1) n";
 
 // Runs sql with the latest snapshot; returns SPI_processed.
 uint64
@@ -66,7 +81,77 @@ Column(int row, int column) {
 	return SPI_getbinval(SPI_tuptable->vals[row], SPI_tuptable->tupdesc, column, &isnull);
 }
 
+// Where every relay cursor has passed (the floor above), read with the latest snapshot; with
+// SPI connected. When nothing is passed, problem says why (palloc'd). The one reading of the
+// floor: the TRUNCATE below and outbox.ring_status (through outbox.ring_cursor_floor()).
+struct CursorFloor {
+	bool passed;
+	XLogRecPtr lsn;
+	int64 id;
+	int32 n_workers;
+	int32 worker;
+	const char *problem;
+};
+
+CursorFloor
+ReadCursorFloor() {
+	// On a hot standby (ring_status is read there) the position replayed: no insert position.
+	Oid lsn_type[1] = {PG_LSNOID};
+	Datum wal[1] = {LSNGetDatum(RecoveryInProgress() ? GetXLogReplayRecPtr(nullptr) : GetXLogInsertRecPtr())};
+	CursorFloor floor = {false, InvalidXLogRecPtr, 0, 0, 0, nullptr};
+	if (RunLatest(kLowestCursorSql, 1, lsn_type, wal, SPI_OK_SELECT) == 1) {
+		floor.passed = true;
+		floor.lsn = DatumGetLSN(Column(0, 1));
+		floor.id = DatumGetInt64(Column(0, 2));
+		floor.n_workers = DatumGetInt32(Column(0, 3));
+		floor.worker = DatumGetInt32(Column(0, 4));
+		return floor;
+	}
+	if (RunLatest(kFloorProblemSql, 1, lsn_type, wal, SPI_OK_SELECT) == 0) {
+		floor.problem = "no relay cursor yet (no relay has published from the ring)";
+	} else if (!ColumnIsNull(0, 2)) {
+		floor.problem = psprintf("no cursor of worker slot %d (n_workers %d) yet", DatumGetInt32(Column(0, 2)),
+		                         DatumGetInt32(Column(0, 1)));
+	} else if (DatumGetBool(Column(0, 3))) {
+		floor.problem = "a cursor lies above the WAL insert position (not a relay's: set by hand or restored)";
+	} else {
+		floor.problem = "no complete set of relay cursors";
+	}
+	return floor;
+}
+
 } // namespace
+
+// outbox.ring_cursor_floor(): ReadCursorFloor() as one row (order_lsn, id, n_workers, worker,
+// problem), for outbox.ring_status.
+OUTBOX_SQL_FUNCTION(outbox_ring_cursor_floor) {
+	TupleDesc tupdesc;
+	if (get_call_result_type(fcinfo, nullptr, &tupdesc) != TYPEFUNC_COMPOSITE) {
+		elog(ERROR, "outbox: ring_cursor_floor() must return a row");
+	}
+	tupdesc = BlessTupleDesc(tupdesc);
+	MemoryContext caller = CurrentMemoryContext;
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox: SPI_connect failed");
+	}
+	CursorFloor floor = ReadCursorFloor();
+	Datum values[5] = {};
+	bool nulls[5] = {true, true, true, true, true};
+	if (floor.passed) {
+		values[0] = LSNGetDatum(floor.lsn);
+		values[1] = Int64GetDatum(floor.id);
+		values[2] = Int32GetDatum(floor.n_workers);
+		values[3] = Int32GetDatum(floor.worker);
+		nulls[0] = nulls[1] = nulls[2] = nulls[3] = false;
+	} else {
+		MemoryContext spi = MemoryContextSwitchTo(caller); // the text outlives SPI_finish
+		values[4] = CStringGetTextDatum(floor.problem);
+		nulls[4] = false;
+		MemoryContextSwitchTo(spi);
+	}
+	SPI_finish();
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
 
 OUTBOX_SQL_FUNCTION(outbox_truncate_ring_member) {
 	int member = PG_GETARG_INT16(0);
@@ -111,14 +196,8 @@ OUTBOX_SQL_FUNCTION(outbox_truncate_ring_member) {
 	XLogRecPtr last_lsn = empty ? InvalidXLogRecPtr : DatumGetLSN(Column(0, 1));
 	int64 last_id = empty ? 0 : DatumGetInt64(Column(0, 2));
 	if (!empty) {
-		RunLatest(kLowestCursorSql, 0, nullptr, nullptr, SPI_OK_SELECT);
-		if (SPI_processed == 0) {
-			SPI_finish();
-			PG_RETURN_INT64(-1); // no relay slot has run yet
-		}
-		XLogRecPtr cursor_lsn = DatumGetLSN(Column(0, 1));
-		int64 cursor_id = DatumGetInt64(Column(0, 2));
-		if (last_lsn > cursor_lsn || (last_lsn == cursor_lsn && last_id > cursor_id)) {
+		CursorFloor floor = ReadCursorFloor();
+		if (!floor.passed || last_lsn > floor.lsn || (last_lsn == floor.lsn && last_id > floor.id)) {
 			SPI_finish();
 			PG_RETURN_INT64(-1);
 		}
