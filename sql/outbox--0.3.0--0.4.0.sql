@@ -353,7 +353,10 @@ CREATE TABLE outbox.cursors (
 	id                bigint      NOT NULL,
 	system_identifier bigint      NOT NULL,
 	updated_at        timestamptz NOT NULL,
-	PRIMARY KEY (n_workers, worker)
+	PRIMARY KEY (n_workers, worker),
+	-- The shape a relay writes (outbox.workers is far below 1024): a row of another shape, by hand,
+	-- is refused rather than read by the retention's floor (ring_retention_sql.cpp).
+	CONSTRAINT cursors_slot_check CHECK (n_workers BETWEEN 1 AND 1024 AND worker >= 0 AND worker < n_workers)
 );
 COMMENT ON TABLE outbox.cursors IS
 	'Relay slots (worker of n_workers): the (order_lsn, id) position each has passed in the ring';
@@ -372,6 +375,14 @@ COMMENT ON TABLE outbox.ring_start IS
 -- CONFLICT on the view is not supported (docs/upgrading.md). UPDATE and DELETE: refused.
 -- SECURITY DEFINER: the rights asked are the view's (INSERT on outbox.events), never the member's.
 -- ---------------------------------------------------------------------------------------------
+-- Whether an event with this id is kept in the ring (a member or event_state), read with the
+-- latest snapshot; 40001 when this transaction's snapshot predates it (ring_dedup.cpp).
+CREATE FUNCTION outbox.ring_keeps_event_id(event_id uuid)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'outbox_ring_keeps_event_id'
+LANGUAGE C VOLATILE STRICT;
+REVOKE ALL ON FUNCTION outbox.ring_keeps_event_id(uuid) FROM PUBLIC;
+
 -- The member this transaction's events go into, as enqueue decides it (queue_target_sql.cpp).
 CREATE FUNCTION outbox.current_ring_member()
 RETURNS smallint
@@ -403,13 +414,9 @@ BEGIN
 			      HINT = 'Leave those columns out of the column list (or NULL, status ''pending'', attempts 0).';
 	END IF;
 	current_member := outbox.current_ring_member();
-	-- One event per event_id, as 0.3.0's unique index had it: the member's own index refuses a
-	-- duplicate in it; the other members and event_state are probed here.
-	IF EXISTS (SELECT FROM outbox.events_0 e WHERE e.event_id = NEW.event_id)
-	   OR EXISTS (SELECT FROM outbox.events_1 e WHERE e.event_id = NEW.event_id)
-	   OR EXISTS (SELECT FROM outbox.events_2 e WHERE e.event_id = NEW.event_id)
-	   OR EXISTS (SELECT FROM outbox.events_3 e WHERE e.event_id = NEW.event_id)
-	   OR EXISTS (SELECT FROM outbox.event_state s WHERE s.event_id = NEW.event_id) THEN
+	-- One event per event_id, as 0.3.0's unique index had it: every member and event_state are
+	-- probed with the latest snapshot (40001 when this transaction's snapshot predates the row).
+	IF outbox.ring_keeps_event_id(NEW.event_id) THEN
 		RAISE EXCEPTION 'an outbox event with event_id % exists already', NEW.event_id
 			USING ERRCODE = 'unique_violation',
 			      HINT = 'outbox.enqueue() with a caller''s event_id returns NULL for a duplicate instead.';

@@ -180,3 +180,67 @@ def test_a_row_by_hand_follows_a_rotation_under_repeatable_read(pg):
         c.execute("RESET ROLE")
     pg.sql(f"DROP DATABASE {db}")
     pg.sql(f"DROP ROLE caller_{db}")
+
+
+def test_an_enqueue_after_a_rolled_back_savepoint_follows_a_rotation(pg):
+    """The member lock taken inside a savepoint goes with ROLLBACK TO SAVEPOINT; the retention may
+    then empty that member and move the current pointer: the next enqueue of the transaction goes
+    into the current member, not the emptied one."""
+    db = fresh_database(pg, "0.4.0")
+    with connect(pg, db) as writer:
+        writer.execute("BEGIN")
+        writer.execute("SAVEPOINT a")
+        writer.execute("SELECT outbox.enqueue('sp', 'k', 'rolled back'::text)")
+        writer.execute("ROLLBACK TO SAVEPOINT a")
+        pg.sql("SELECT outbox.enqueue('sp', 'k', 'committed'::text)", dbname=db)
+        pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, pg_current_wal_insert_lsn(), 0, "
+               "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
+        pg.value("SELECT outbox.purge(interval '0')", dbname=db)  # seals events_0 and empties it
+        assert pg.sql("SELECT member, is_current FROM outbox.ring WHERE member < 2 ORDER BY member", dbname=db) == [
+            (0, False), (1, True)]
+        assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+        writer.execute("SELECT outbox.enqueue('sp', 'k', 'after'::text)")
+        writer.execute("COMMIT")
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+    assert pg.sql("SELECT convert_from(payload, 'UTF8') FROM outbox.events_1", dbname=db) == [("after",)]
+    pg.sql(f"DROP DATABASE {db}")
+
+
+@pytest.mark.parametrize("path", ["enqueue", "view"])
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_an_id_committed_after_the_snapshot_into_another_member_is_not_duplicated(pg, path, isolation):
+    """Under REPEATABLE READ or SERIALIZABLE, an id another transaction committed after this one's
+    snapshot, in a member since sealed: 40001 (0.3.0's unique index gave the same), nothing
+    written; retried, the transaction sees the event and enqueue() returns NULL."""
+    db = fresh_database(pg, "0.4.0")
+    event_id = str(uuid.uuid4())
+    statement = {"enqueue": "SELECT outbox.enqueue('rr', 'k', 'second'::text, NULL, %s)",
+                 "view": "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                         "VALUES (%s, 'rr', 'k', outbox.lane_of('k', NULL), 'second')"}[path]
+    with connect(pg, db) as c:
+        c.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        c.execute("SELECT 1")  # the snapshot
+        pg.sql("SELECT outbox.enqueue('rr', 'k', 'first'::text, NULL, %s)", (event_id,), dbname=db)
+        pg.value("SELECT outbox.purge(interval '0')", dbname=db)  # events_0 sealed, kept; events_1 current
+        state, _ = refusal(c, statement, (event_id,))
+        assert state == "40001"
+        c.execute("ROLLBACK")
+        c.execute(f"BEGIN ISOLATION LEVEL {isolation}")
+        if path == "enqueue":
+            assert c.execute(statement, (event_id,)).fetchone() == (None,)
+        else:
+            state, _ = refusal(c, statement, (event_id,))
+            assert state == "23505"
+        c.execute("ROLLBACK")
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE event_id = %s", (event_id,), dbname=db) == 1
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_a_cursor_row_of_another_shape_is_refused(pg):
+    db = fresh_database(pg, "0.4.0")
+    with connect(pg, db) as c:
+        for n_workers, worker in ((-2147483648, 0), (2147483647, 0), (0, 0), (2, 2), (2, -1)):
+            state, _ = refusal(c, "INSERT INTO outbox.cursors VALUES (%s, %s, '0/0', 0, "
+                                  "(SELECT system_identifier FROM pg_control_system()), now())", (n_workers, worker))
+            assert state == "23514", (n_workers, worker)
+    pg.sql(f"DROP DATABASE {db}")

@@ -414,9 +414,9 @@ def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):
               "(SELECT system_identifier FROM pg_control_system()), now())")
     pg.sql(cursor, (0, pg.value("SELECT pg_current_wal_insert_lsn()::text", dbname=db)), dbname=db)
     assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
-    pg.sql(cursor, (5, "FFFFFFFF/FFFFFFFF"), dbname=db)  # complete by count, but slot 1 is missing
-    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
-    pg.sql("DELETE FROM outbox.cursors WHERE worker = 5", dbname=db)
+    with connect(pg, db) as c:  # a slot outside the count (complete by count, slot 1 missing): refused
+        state, _ = refusal(c, cursor, (5, "FFFFFFFF/FFFFFFFF"))
+        assert state == "23514"
     pg.sql(cursor, (1, "FFFFFFFF/FFFFFFFF"), dbname=db)  # above the WAL: forged
     assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
     assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3

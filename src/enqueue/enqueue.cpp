@@ -7,6 +7,7 @@
 #include "enqueue/commit_order.hpp"
 #include "enqueue/commit_wake.hpp"
 #include "enqueue/queue_target.hpp"
+#include "enqueue/ring_dedup.hpp"
 #include "shared/guc.hpp"
 #include "shared/kafka_names.hpp"
 #include "shared/shmem.hpp"
@@ -502,6 +503,13 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	// The column default reads the insert position during the INSERT: never below this.
 	XLogRecPtr insert_before = commit_order ? GetXLogInsertRecPtr() : InvalidXLogRecPtr;
 	SPI_connect();
+	// A snapshot older than the statement (REPEATABLE READ, SERIALIZABLE) would not show an id
+	// another transaction committed since into another member: read it with the latest one.
+	if (caller_event_id && target.member != outbox::kNoMember && IsolationUsesXactSnapshot() &&
+	    outbox::RingKeepsEventId(values[0])) {
+		SPI_finish();
+		PG_RETURN_NULL(); // a duplicate this transaction sees
+	}
 	int rc = SPI_execute_plan(InsertPlan(target.member, caller_event_id, commit_order, env.columns), values, nulls,
 	                          false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING) {

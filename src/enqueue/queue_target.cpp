@@ -122,12 +122,25 @@ LockCurrentRingMember(Oid *member_rel) {
 	}
 }
 
+// Whether this backend still holds the member's ROW EXCLUSIVE lock: a ROLLBACK TO SAVEPOINT
+// gives back a lock taken inside it, and then the retention may have emptied the member and moved
+// the current pointer; the member is looked up and locked again.
+bool
+StillLocked(const QueueTarget &t) {
+	if (t.member == kNoMember) {
+		return true;
+	}
+	LOCKTAG tag;
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, t.member_rel);
+	return OutboxLockHeldByMe(&tag, RowExclusiveLock);
+}
+
 } // namespace
 
 QueueTarget
 CurrentQueueTarget() {
 	LocalTransactionId lxid = OutboxLocalTransactionId();
-	if (lxid != cached_lxid) {
+	if (lxid != cached_lxid || !StillLocked(cached)) {
 		QueueTarget t = {InvalidOid, false, kNoMember, InvalidOid};
 		Oid nsp = get_namespace_oid("outbox", true);
 		t.events = OidIsValid(nsp) ? get_relname_relid("events", nsp) : InvalidOid;

@@ -46,8 +46,10 @@ constexpr const char *kLowestCursorSql =
 // row, and whether a cursor lies above the WAL position.
 constexpr const char *kFloorProblemSql =
     "SELECT n.n_workers, "
-    "       (SELECT min(w) FROM pg_catalog.generate_series(0, n.n_workers - 1) w "
-    "        WHERE NOT EXISTS (SELECT FROM outbox.cursors k WHERE k.n_workers = n.n_workers AND k.worker = w)), "
+    "       (SELECT min(w.worker) FROM (SELECT 0 AS worker UNION ALL "
+    "                                   SELECT k.worker + 1 FROM outbox.cursors k WHERE k.n_workers = n.n_workers) w "
+    "        WHERE w.worker < n.n_workers AND NOT EXISTS (SELECT FROM outbox.cursors k "
+    "                                                     WHERE k.n_workers = n.n_workers AND k.worker = w.worker)), "
     "       EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > $1) "
     "FROM (SELECT o.n_workers FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1) n";
 
@@ -167,12 +169,7 @@ OUTBOX_SQL_FUNCTION(outbox_truncate_ring_member) {
 	}
 	LOCKTAG tag;
 	SET_LOCKTAG_RELATION(tag, MyDatabaseId, rel);
-#if PG_VERSION_NUM >= 170000
-	bool locked = LockHeldByMe(&tag, AccessExclusiveLock, false);
-#else
-	bool locked = LockHeldByMe(&tag, AccessExclusiveLock);
-#endif
-	if (!locked) {
+	if (!OutboxLockHeldByMe(&tag, AccessExclusiveLock)) {
 		ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 		                errmsg("outbox.truncate_ring_member() needs the ACCESS EXCLUSIVE lock of outbox.%s", name),
 		                errhint("Call outbox.purge(): it takes the lock and checks the member first.")));

@@ -95,10 +95,12 @@ extern "C" {
 #define OutboxDatabaseOwnerCheck(db, role) pg_database_ownercheck(db, role)
 #endif
 #if PG_VERSION_NUM >= 170000
+#define OutboxLockHeldByMe(tag, mode) LockHeldByMe(tag, mode, false)
 #define OutboxLocalTransactionId() (MyProc->vxid.lxid)
 // This backend's index among MaxBackends (regular backends and background workers come first).
 #define OutboxBackendIndex() uint32(MyProcNumber)
 #else
+#define OutboxLockHeldByMe(tag, mode) LockHeldByMe(tag, mode)
 #define OutboxLocalTransactionId() (MyProc->lxid)
 #define OutboxBackendIndex() uint32(MyBackendId - 1)
 #endif

@@ -1,0 +1,80 @@
+// outbox::RingKeepsEventId and outbox.ring_keeps_event_id(uuid), for enqueue and the view's INSERT
+// trigger (ring_dedup.hpp). Under READ COMMITTED the statement's own snapshot is fresh and enqueue's
+// INSERT probes the members itself (enqueue.cpp InsertPlan); an id committed by another
+// transaction at the same moment, into another member, is the one duplicate left (DESIGN.md
+// "Retention").
+#include "enqueue/ring_dedup.hpp"
+#include "shared/boundary.hpp"
+
+extern "C" {
+#include "executor/spi.h"
+#include "utils/snapmgr.h"
+}
+
+namespace outbox {
+
+namespace {
+
+const char *const kProbeSql =
+    "SELECT FROM outbox.events_0 e WHERE e.event_id = $1 UNION ALL "
+    "SELECT FROM outbox.events_1 e WHERE e.event_id = $1 UNION ALL "
+    "SELECT FROM outbox.events_2 e WHERE e.event_id = $1 UNION ALL "
+    "SELECT FROM outbox.events_3 e WHERE e.event_id = $1 UNION ALL "
+    "SELECT FROM outbox.event_state s WHERE s.event_id = $1 LIMIT 1";
+
+SPIPlanPtr
+ProbePlan() {
+	static SPIPlanPtr plan = nullptr;
+	if (plan == nullptr) {
+		Oid types[1] = {UUIDOID};
+		SPIPlanPtr p = SPI_prepare(kProbeSql, 1, types);
+		if (p == nullptr) {
+			elog(ERROR, "outbox: could not prepare the event id probe: %s", SPI_result_code_string(SPI_result));
+		}
+		SPI_keepplan(p);
+		plan = p;
+	}
+	return plan;
+}
+
+} // namespace
+
+bool
+RingKeepsEventId(Datum event_id) {
+	Datum values[1] = {event_id};
+	Snapshot latest = RegisterSnapshot(GetLatestSnapshot());
+	int rc = SPI_execute_snapshot(ProbePlan(), values, nullptr, latest, InvalidSnapshot, true, false, 1);
+	UnregisterSnapshot(latest);
+	if (rc != SPI_OK_SELECT) {
+		elog(ERROR, "outbox: the event id probe failed: %s", SPI_result_code_string(rc));
+	}
+	if (SPI_processed == 0) {
+		return false;
+	}
+	if (IsolationUsesXactSnapshot()) {
+		rc = SPI_execute_plan(ProbePlan(), values, nullptr, true, 1); // the transaction's snapshot
+		if (rc != SPI_OK_SELECT) {
+			elog(ERROR, "outbox: the event id probe failed: %s", SPI_result_code_string(rc));
+		}
+		if (SPI_processed == 0) {
+			ereport(ERROR, (errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			                errmsg("could not serialize access: an outbox event with this event_id was committed "
+			                       "by a concurrent transaction"),
+			                errhint("Retry the transaction: it will see the event (outbox.enqueue() then returns "
+			                        "NULL for the duplicate).")));
+		}
+	}
+	return true;
+}
+
+} // namespace outbox
+
+OUTBOX_SQL_FUNCTION(outbox_ring_keeps_event_id) {
+	Datum event_id = PG_GETARG_DATUM(0);
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox: SPI_connect failed");
+	}
+	bool kept = outbox::RingKeepsEventId(event_id);
+	SPI_finish();
+	PG_RETURN_BOOL(kept);
+}

@@ -1,0 +1,15 @@
+// Dedup of a caller's event id across the ring (schema 0.4.0) under REPEATABLE READ and
+// SERIALIZABLE: what 0.3.0's one unique index did for a snapshot that predates the row.
+#pragma once
+
+#include "shared/pg_include.hpp"
+
+namespace outbox {
+
+// Whether a ring member or outbox.event_state holds an event with this id, read with the latest
+// snapshot. When the transaction's snapshot does not show that row (another transaction committed
+// it after this one's snapshot was taken), ERROR 40001, as an INSERT into 0.3.0's unique index
+// gave: retried, the transaction sees the event. With SPI connected.
+bool RingKeepsEventId(Datum event_id);
+
+} // namespace outbox
