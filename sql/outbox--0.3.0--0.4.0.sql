@@ -353,10 +353,18 @@ CREATE TABLE outbox.cursors (
 	id                bigint      NOT NULL,
 	system_identifier bigint      NOT NULL,
 	updated_at        timestamptz NOT NULL,
-	PRIMARY KEY (n_workers, worker)
+	-- The slot's holes: open writers the cursor passed (the top-level xid, its lowest stamp) and
+	-- how far the walk of a committed one got ((order_lsn, id); '0/0', 0: not begun).
+	hole_xids         xid8[]      NOT NULL DEFAULT '{}',
+	hole_froms        pg_lsn[]    NOT NULL DEFAULT '{}',
+	hole_walked_lsns  pg_lsn[]    NOT NULL DEFAULT '{}',
+	hole_walked_ids   bigint[]    NOT NULL DEFAULT '{}',
+	PRIMARY KEY (n_workers, worker),
+	CHECK (cardinality(hole_froms) = cardinality(hole_xids) AND cardinality(hole_walked_lsns) = cardinality(hole_xids)
+	       AND cardinality(hole_walked_ids) = cardinality(hole_xids))
 );
 COMMENT ON TABLE outbox.cursors IS
-	'Relay slots (worker of n_workers): the (order_lsn, id) position each has passed in the ring';
+	'Relay slots (worker of n_workers): the (order_lsn, id) position each has passed in the ring, and its holes (open writers passed)';
 
 -- One row: the WAL insert position at the end of this script. Member rows below it were handled
 -- here (the pending ones are in event_state, the published ones in landed): no cursor walks them.
