@@ -268,6 +268,30 @@ def test_a_hole_larger_than_a_batch_is_walked_in_chunks_in_key_order(mock_cluste
     assert pg.value("SELECT max(cardinality(ids)) FROM outbox.landed") <= 10
 
 
+def test_a_hole_below_a_long_range_of_other_rows_is_walked_window_by_window(mock_cluster, ring_relay):
+    """A claim's walk of a committed hole reads at most 50 * batch_size member rows (100 here) past
+    where it stands, and moves on by as much even when it finds none of the hole's rows: the
+    writer's rows, spread over 300 rows of others, are published once, in key order."""
+    pg = ring_relay(batch_size=2, poll_interval="100ms")
+    with pg.connect(autocommit=False) as open_writer:
+        mine = [enqueue_in(open_writer, "orders", "w", "w1")]
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        others = enqueue(pg, "orders", rows_for(150, 5), per_transaction=50)
+        mine += [enqueue_in(open_writer, "orders", "w", f"w{i}") for i in (2, 3)]
+        more = enqueue(pg, "orders", [(f"k{i % 5}", f'{{"seq": {150 + i}}}') for i in range(150)], per_transaction=50)
+        for key, ids in more.items():
+            others[key].extend(ids)
+        pg.wait_published(300, timeout=120)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole")
+        open_writer.commit()
+    mine.append(pg.value("SELECT outbox.enqueue('orders', 'w', 'later')::text"))
+    pg.wait_published(304, timeout=120)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    records = read_topic(mock_cluster.bootstrap, "orders", 304, settle=True)
+    check = check_delivery(records, {**others, "w": mine})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+
+
 def test_a_hole_survives_a_sigkill_of_the_worker(mock_cluster, ring_relay):
     """The crash restart that a SIGKILL of a backend causes ends every session: a plain open
     writer dies with it (never marked aborted: its hole is dropped), a prepared one stays open

@@ -157,7 +157,8 @@ const char *const kMemberCandidatesSql =
     "LIMIT $6";
 
 // Candidates (2): rows of committed holes ($3 xids, $4 lowest stamps, $5/$6 how far each was
-// walked) of the slot's lanes at or below the cursor ($7, $8), in (order_lsn, id) order over
+// walked) of the slot's lanes at or below the window's end ($7, $8: at most the cursor,
+// kHoleWindowSql), in (order_lsn, id) order over
 // every hole (so a key's rows of two holes keep their commit order), at most $9 (each hole's
 // first $9, then the first $9 of those: the first $9 of the union), in the layout of (3).
 const char *const kHoleCandidatesSql =
@@ -171,6 +172,17 @@ const char *const kHoleCandidatesSql =
     "         ORDER BY w.order_lsn, w.id LIMIT $9) m "
     "ORDER BY m.order_lsn, m.id "
     "LIMIT $9";
+// The end of (2)'s window: the $5-th member row (every lane) after ($1, $2), at most the cursor
+// ($3, $4). The walk of committed holes reads no further in one claim: a hole of a writer that
+// was open long may lie below a long range of other rows, and its walk would otherwise read all
+// of them in one statement (under statement_timeout, and again at each claim if it is cut).
+#define OUTBOX_RING_POSITIONS(n) "SELECT e.order_lsn, e.id FROM outbox.events_" #n " e"
+const char *const kHoleWindowSql =
+    "SELECT m.order_lsn, m.id FROM (" OUTBOX_RING_POSITIONS(0) " UNION ALL " OUTBOX_RING_POSITIONS(1)
+    " UNION ALL " OUTBOX_RING_POSITIONS(2) " UNION ALL " OUTBOX_RING_POSITIONS(3) ") m "
+    "WHERE (m.order_lsn, m.id) > ($1::pg_lsn, $2::bigint) AND (m.order_lsn, m.id) <= ($3::pg_lsn, $4::bigint) "
+    "ORDER BY m.order_lsn, m.id OFFSET $5 LIMIT 1";
+#undef OUTBOX_RING_POSITIONS
 #undef OUTBOX_RING_CANDIDATE_COLUMNS
 #undef OUTBOX_RING_MEMBERS
 #undef OUTBOX_RING_MEMBER
@@ -280,6 +292,12 @@ Statement hole_candidates_stmt = {kHoleCandidatesSql,
                                   PG_LSNOID, INT8OID, INT4OID, BOOLOID},
                                  CURSOR_OPT_GENERIC_PLAN,
                                  nullptr};
+Statement hole_window_stmt = {
+    kHoleWindowSql, 5, {PG_LSNOID, INT8OID, PG_LSNOID, INT8OID, INT8OID}, CURSOR_OPT_GENERIC_PLAN, nullptr};
+// How many member rows (2) reads past the lowest progress of the committed holes in one claim,
+// per row of batch_size (1,000,000 at the default 20,000): the window moves on by as much at each
+// claim, even one that finds no row of a hole in it.
+constexpr int64 kHoleWindowPerBatchRow = 50;
 Statement landed_stmt = {kLandedSql,
                          6,
                          {INT2ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID},
@@ -351,6 +369,8 @@ struct RingClaimState {
 	int n_walked;
 	int n_hole_walked; // walked[0 .. n_hole_walked) are rows of committed holes
 	bool holes_walked; // (2) reached the end of every committed hole uncut (or there was none)
+	bool window_uncut; // (2) took every row of the committed holes up to window_end
+	Position window_end; // how far (2) looked this claim (the cursor, or short of it: kHoleWindowSql)
 	Hole *holes;      // the slot's holes at the claim
 	int n_holes;
 	OpenWriter *open; // the open writers of the claim's view (in progress in its snapshot)
@@ -444,8 +464,16 @@ RecordCursor(Position to, int hole_end) {
 		to = ring.cursor;
 	}
 	bool changed = Before(ring.cursor, to);
-	bool walked_all = ring.holes_walked && hole_end == ring.n_hole_walked;
+	bool consumed_all = hole_end == ring.n_hole_walked;
+	bool walked_all = ring.holes_walked && consumed_all;
+	// Every row of the committed holes up to walked_to was consumed: the last one consumed, or the
+	// window's end when (2) took all it held.
 	Position walked_to = hole_end > 0 ? ring.walked[hole_end - 1].at : Position{0, 0};
+	bool advanced = hole_end > 0;
+	if (consumed_all && ring.window_uncut) {
+		walked_to = ring.window_end;
+		advanced = true;
+	}
 	int room = ring.n_holes + ring.n_open + 1;
 	Datum *xids = static_cast<Datum *>(palloc(sizeof(Datum) * room));
 	Datum *froms = static_cast<Datum *>(palloc(sizeof(Datum) * room));
@@ -458,7 +486,7 @@ RecordCursor(Position to, int hole_end) {
 			changed = true;
 			continue;
 		}
-		if (hole.state == HoleState::Committed && hole_end > 0 && Before(hole.walked, walked_to)) {
+		if (hole.state == HoleState::Committed && advanced && Before(hole.walked, walked_to)) {
 			hole.walked = walked_to;
 			changed = true;
 		}
@@ -786,20 +814,40 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 				walked_ids[c++] = Int64GetDatum(ring.holes[h].walked.id);
 			}
 		}
+		// The window: from the lowest place a committed hole's walk stands at.
+		Position start = ring.cursor;
+		for (int h = 0; h < ring.n_holes; h++) {
+			const Hole &hole = ring.holes[h];
+			Position at = Before(hole.walked, Position{hole.from, PG_INT64_MIN}) ? Position{hole.from, PG_INT64_MIN}
+			                                                                     : hole.walked;
+			if (hole.state == HoleState::Committed && Before(at, start)) {
+				start = at;
+			}
+		}
+		ring.window_end = ring.cursor;
+		Datum window_values[5] = {LSNGetDatum(start.order_lsn), Int64GetDatum(start.id),
+		                          LSNGetDatum(ring.cursor.order_lsn), Int64GetDatum(ring.cursor.id),
+		                          Int64GetDatum(int64(batch_size) * kHoleWindowPerBatchRow)};
+		step::ExecuteIn("claim", hole_window_stmt, window_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		if (SPI_processed == 1) {
+			ring.window_end = Position{DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)),
+			                           DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull))};
+		}
 		Datum hole_values[10] = {slot_values[0],
 		                         slot_values[1],
 		                         step::ArrayOf(xids, c, XID8OID),
 		                         step::ArrayOf(froms, c, PG_LSNOID),
 		                         step::ArrayOf(walked_lsns, c, PG_LSNOID),
 		                         step::ArrayOf(walked_ids, c, INT8OID),
-		                         LSNGetDatum(ring.cursor.order_lsn),
-		                         Int64GetDatum(ring.cursor.id),
+		                         LSNGetDatum(ring.window_end.order_lsn),
+		                         Int64GetDatum(ring.window_end.id),
 		                         Int32GetDatum(limit),
 		                         BoolGetDatum(block_key)};
 		step::ExecuteIn("claim", hole_candidates_stmt, hole_values, nullptr, SPI_OK_SELECT, view.snapshot);
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
-		ring.holes_walked = n_rows < limit && k == n_rows;
+		ring.window_uncut = n_rows < limit && k == n_rows;
+		ring.holes_walked = ring.window_uncut && !Before(ring.window_end, ring.cursor);
 		limit -= ring.n_walked;
 	}
 	ring.n_hole_walked = ring.n_walked;
