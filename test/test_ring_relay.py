@@ -292,6 +292,36 @@ def test_a_hole_below_a_long_range_of_other_rows_is_walked_window_by_window(mock
     assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
 
 
+def test_an_outage_during_a_holes_walk_keeps_the_hole_and_writes_nothing_per_event(mock_cluster, ring_relay):
+    """A hole's rows whose outcome is unknown (the brokers are down) stop its walk before them:
+    the hole stays, no event_state row is written; after the outage they go once, in order."""
+    pg = ring_relay(max_attempts=2, backoff_base="50ms", backoff_max="200ms", publish_timeout="1s",
+                    kafka_properties="socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200")
+    with pg.connect(autocommit=False) as open_writer:
+        mine = {}
+        for i in range(20):
+            mine.setdefault(f"h{i % 4}", []).append(enqueue_in(open_writer, "billing", f"h{i % 4}", f"hole {i}"))
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = pg.value("SELECT outbox.enqueue('billing', 'after', 'x')::text")
+        pg.wait_published(1)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole")
+        for b in (1, 2, 3):
+            mock_cluster.down(b)
+        seen = pg.log().count("Kafka unavailable")
+        open_writer.commit()
+    wait_until(lambda: pg.log().count("Kafka unavailable") >= seen + 2, 60, "failed publish rounds of the hole's rows")
+    assert xid in holes(pg)
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(21, timeout=120)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    assert pg.value("SELECT max(attempts) FROM outbox.events") == 0
+    records = read_topic(mock_cluster.bootstrap, "billing", 21, settle=True)
+    check = check_delivery(records, {**mine, "after": [after]})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+
+
 def test_a_hole_survives_a_sigkill_of_the_worker(mock_cluster, ring_relay):
     """The crash restart that a SIGKILL of a backend causes ends every session: a plain open
     writer dies with it (never marked aborted: its hole is dropped), a prepared one stays open
