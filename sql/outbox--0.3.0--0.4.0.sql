@@ -5,8 +5,8 @@
 -- goes into outbox.landed, what waits, failed or was passed unpublished into outbox.event_state,
 -- and each relay slot's position into outbox.cursors. outbox.events becomes a view with 0.3.0's
 -- columns. Retention rotates the current member along the ring and empties sealed members with
--- TRUNCATE (outbox.ring_retention()). Not built in this version: the holes of the claim, the
--- re-base on a changed outbox.workers or a restored dump.
+-- TRUNCATE (outbox.ring_retention()); a cursor row keeps its slot's holes (open writers it
+-- passed). Not built in this version: the re-base on a changed outbox.workers or a restored dump.
 -- Only `ALTER EXTENSION outbox UPDATE TO '0.4.0'` or `CREATE EXTENSION outbox VERSION '0.4.0'`
 -- give it (docs/upgrading.md "0.4.0 preview").
 
@@ -353,13 +353,21 @@ CREATE TABLE outbox.cursors (
 	id                bigint      NOT NULL,
 	system_identifier bigint      NOT NULL,
 	updated_at        timestamptz NOT NULL,
+	-- The slot's holes: open writers the cursor passed (the top-level xid, its lowest stamp) and
+	-- how far the walk of a committed one got ((order_lsn, id); '0/0', 0: not begun).
+	hole_xids         xid8[]      NOT NULL DEFAULT '{}',
+	hole_froms        pg_lsn[]    NOT NULL DEFAULT '{}',
+	hole_walked_lsns  pg_lsn[]    NOT NULL DEFAULT '{}',
+	hole_walked_ids   bigint[]    NOT NULL DEFAULT '{}',
 	PRIMARY KEY (n_workers, worker),
 	-- The shape a relay writes (outbox.workers is far below 1024): a row of another shape, by hand,
 	-- is refused rather than read by the retention's floor (ring_retention_sql.cpp).
-	CONSTRAINT cursors_slot_check CHECK (n_workers BETWEEN 1 AND 1024 AND worker >= 0 AND worker < n_workers)
+	CONSTRAINT cursors_slot_check CHECK (n_workers BETWEEN 1 AND 1024 AND worker >= 0 AND worker < n_workers),
+	CHECK (cardinality(hole_froms) = cardinality(hole_xids) AND cardinality(hole_walked_lsns) = cardinality(hole_xids)
+	       AND cardinality(hole_walked_ids) = cardinality(hole_xids))
 );
 COMMENT ON TABLE outbox.cursors IS
-	'Relay slots (worker of n_workers): the (order_lsn, id) position each has passed in the ring';
+	'Relay slots (worker of n_workers): the (order_lsn, id) position each has passed in the ring, and its holes (open writers passed)';
 
 -- One row: the WAL insert position at the end of this script. Member rows below it were handled
 -- here (the pending ones are in event_state, the published ones in landed): no cursor walks them.

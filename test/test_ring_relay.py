@@ -2,8 +2,9 @@
 queue", build step 3) against librdkafka's mock cluster: events enqueued into the generation
 tables are published once each in per-key commit order, the slot's cursor advances, landed rows
 say where each event went and outbox.events shows it; poison, quarantined, retried and deferred
-events go through outbox.event_state; block_key holds a key; an open writer holds the horizon
-and nothing is skipped; a SIGKILL loses nothing; two workers keep per-key order; and an
+events go through outbox.event_state; block_key holds a key; an open or prepared writer holds
+no claim back (it becomes a hole, walked once at its commit, in chunks, across a SIGKILL, dropped
+when it aborts); a SIGKILL loses nothing; two workers keep per-key order; and an
 ALTER EXTENSION UPDATE TO '0.4.0' under a running 0.3.0 relay loses and re-sends nothing."""
 
 import datetime
@@ -25,8 +26,8 @@ INVALID_RECORD = 87  # permanent: the record batch is refused
 @pytest.fixture
 def ring_relay(mock_cluster, make_relay):
     """make(**settings) -> a cluster whose relay runs on CREATE EXTENSION outbox VERSION '0.4.0'."""
-    def make(workers=1, **settings):
-        pg = make_relay(mock_cluster.bootstrap, workers=workers, create_extension=False, **settings)
+    def make(workers=1, server=None, **settings):
+        pg = make_relay(mock_cluster.bootstrap, workers=workers, create_extension=False, server=server, **settings)
         pg.sql("CREATE EXTENSION outbox VERSION '0.4.0'")
         assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'") == "0.4.0"
         pg.wait_workers_running(workers)
@@ -163,22 +164,222 @@ def test_refused_then_accepted_event_is_retried_and_published(mock_cluster, ring
     assert eid in {r.event_id for r in records}
 
 
-def test_an_open_writer_holds_the_horizon_and_nothing_is_skipped(mock_cluster, ring_relay):
+def holes(pg):
+    """The slot's holes: {xid: walked id} (worker 0 of 1)."""
+    rows = pg.sql("SELECT u.x::text, u.w FROM outbox.cursors c, unnest(c.hole_xids, c.hole_walked_ids) u(x, w) "
+                  "WHERE c.n_workers = 1 AND c.worker = 0")
+    return dict(rows)
+
+
+def enqueue_in(conn, topic, key, payload):
+    return conn.execute("SELECT outbox.enqueue(%s, %s, %s)::text", (topic, key, payload)).fetchone()[0]
+
+
+def test_an_open_writer_holds_back_no_later_commit_and_is_published_once_in_key_order(mock_cluster, ring_relay):
+    """An open writer the cursor passes becomes a hole: events committed after it are published
+    while it is open; at its commit its rows below the cursor are walked, once, before later rows
+    of their key (and a row of a key contended meanwhile goes after the other commit: Commit order)."""
     pg = ring_relay()
     pg.sql("SELECT outbox.enqueue('billing', 'before', 'x')")
     pg.wait_published(1)
     with pg.connect(autocommit=False) as open_writer:
-        held = open_writer.execute("SELECT outbox.enqueue('billing', 'held', 'open')::text").fetchone()[0]
+        first = enqueue_in(open_writer, "billing", "walked", "first")
+        contended = enqueue_in(open_writer, "billing", "contended", "B")
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
         behind = pg.value("SELECT outbox.enqueue('billing', 'behind', 'committed')::text")
-        # The relay claims (woken by the commit, then polling) but stops below the open writer.
-        seen = claims(pg)
-        wait_until(lambda: claims(pg) >= seen + 3, 60, "three claims with the writer open")
-        assert published(pg) == 1
+        a = pg.value("SELECT outbox.enqueue('billing', 'contended', 'A')::text")
+        pg.wait_published(3)  # the old claim stopped at the writer's first stamp: nothing more
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole of the slot")
+        assert pg.sql("SELECT count(*) FROM outbox.events WHERE status = 'published' AND event_id = ANY(%s::uuid[])",
+                      ([first, contended],)) == [(0,)]
         open_writer.commit()
-    pg.wait_published(3)
-    records = read_topic(mock_cluster.bootstrap, "billing", 3, settle=True)
-    ids = [r.event_id for r in records]
-    assert held in ids and behind in ids and len(ids) == 3
+    second = pg.value("SELECT outbox.enqueue('billing', 'walked', 'second')::text")
+    c = pg.value("SELECT outbox.enqueue('billing', 'contended', 'C')::text")
+    pg.wait_published(7)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    records = read_topic(mock_cluster.bootstrap, "billing", 7, settle=True)
+    check = check_delivery(records, {"walked": [first, second], "contended": [a, contended, c], "behind": [behind]})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    assert set(landed(pg)) == {r.event_id for r in records}
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+
+
+def test_an_aborted_open_writers_hole_is_dropped_and_nothing_of_it_published(mock_cluster, ring_relay):
+    pg = ring_relay()
+    with pg.connect(autocommit=False) as open_writer:
+        doomed = [enqueue_in(open_writer, "billing", f"d{i}", "doomed") for i in range(3)]
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = pg.value("SELECT outbox.enqueue('billing', 'after', 'x')::text")
+        pg.wait_published(1)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole")
+        open_writer.rollback()
+    wait_until(lambda: holes(pg) == {}, 60, "the aborted writer's hole dropped")
+    later = pg.value("SELECT outbox.enqueue('billing', 'after', 'later')::text")
+    pg.wait_published(2)
+    records = read_topic(mock_cluster.bootstrap, "billing", 2, settle=True)
+    assert sorted(r.event_id for r in records) == sorted([after, later])
+    assert not set(doomed) & set(landed(pg))
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+
+
+def test_a_prepared_writer_is_a_hole_until_commit_prepared(mock_cluster, ring_relay):
+    pg = ring_relay(server={"max_prepared_transactions": "4"})
+    with pg.connect(autocommit=False) as writer:
+        prepared = [enqueue_in(writer, "billing", "pk", f"p{i}") for i in range(3)]
+        xid = writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        writer.execute("PREPARE TRANSACTION 'hole-gid'")
+        writer.commit()
+    try:
+        after = pg.value("SELECT outbox.enqueue('billing', 'after', 'x')::text")
+        pg.wait_published(1)
+        wait_until(lambda: xid in holes(pg), 60, "the prepared writer a hole")
+        assert published(pg) == 1
+    finally:
+        pg.sql("COMMIT PREPARED 'hole-gid'")
+    later = pg.value("SELECT outbox.enqueue('billing', 'pk', 'later')::text")
+    pg.wait_published(5)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    records = read_topic(mock_cluster.bootstrap, "billing", 5, settle=True)
+    check = check_delivery(records, {"pk": prepared + [later], "after": [after]})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+
+
+def test_a_hole_larger_than_a_batch_is_walked_in_chunks_in_key_order(mock_cluster, ring_relay):
+    pg = ring_relay(batch_size=10)
+    expected = {}
+    with pg.connect(autocommit=False) as open_writer:
+        for i in range(45):
+            expected.setdefault(f"k{i % 5}", []).append(enqueue_in(open_writer, "orders", f"k{i % 5}", f"hole {i}"))
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = pg.value("SELECT outbox.enqueue('orders', 'after', 'x')::text")
+        pg.wait_published(1)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole")
+        open_writer.commit()
+    more = enqueue(pg, "orders", [(f"k{i % 5}", f'{{"seq": {i}}}') for i in range(20)])
+    for key, ids in more.items():
+        expected[key].extend(ids)
+    expected["after"] = [after]
+    pg.wait_published(66)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    records = read_topic(mock_cluster.bootstrap, "orders", 66, settle=True)
+    check = check_delivery(records, expected)
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    # 45 rows in batches of at most 10: the walk kept its progress in the cursor row between them.
+    assert pg.value("SELECT max(cardinality(ids)) FROM outbox.landed") <= 10
+
+
+def test_a_hole_below_a_long_range_of_other_rows_is_walked_window_by_window(mock_cluster, ring_relay):
+    """A claim's walk of a committed hole reads at most 50 * batch_size member rows (100 here) past
+    where it stands, and moves on by as much even when it finds none of the hole's rows: the
+    writer's rows, spread over 300 rows of others, are published once, in key order."""
+    pg = ring_relay(batch_size=2, poll_interval="100ms")
+    with pg.connect(autocommit=False) as open_writer:
+        mine = [enqueue_in(open_writer, "orders", "w", "w1")]
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        others = enqueue(pg, "orders", rows_for(150, 5), per_transaction=50)
+        mine += [enqueue_in(open_writer, "orders", "w", f"w{i}") for i in (2, 3)]
+        more = enqueue(pg, "orders", [(f"k{i % 5}", f'{{"seq": {150 + i}}}') for i in range(150)], per_transaction=50)
+        for key, ids in more.items():
+            others[key].extend(ids)
+        pg.wait_published(300, timeout=120)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole")
+        open_writer.commit()
+    mine.append(pg.value("SELECT outbox.enqueue('orders', 'w', 'later')::text"))
+    pg.wait_published(304, timeout=120)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    records = read_topic(mock_cluster.bootstrap, "orders", 304, settle=True)
+    check = check_delivery(records, {**others, "w": mine})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+
+
+def test_an_outage_during_a_holes_walk_keeps_the_hole_and_writes_nothing_per_event(mock_cluster, ring_relay):
+    """A hole's rows whose outcome is unknown (the brokers are down) stop its walk before them:
+    the hole stays, no event_state row is written; after the outage they go once, in order."""
+    pg = ring_relay(max_attempts=2, backoff_base="50ms", backoff_max="200ms", publish_timeout="1s",
+                    kafka_properties="socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200")
+    with pg.connect(autocommit=False) as open_writer:
+        mine = {}
+        for i in range(20):
+            mine.setdefault(f"h{i % 4}", []).append(enqueue_in(open_writer, "billing", f"h{i % 4}", f"hole {i}"))
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = pg.value("SELECT outbox.enqueue('billing', 'after', 'x')::text")
+        pg.wait_published(1)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole")
+        for b in (1, 2, 3):
+            mock_cluster.down(b)
+        seen = pg.log().count("Kafka unavailable")
+        open_writer.commit()
+    wait_until(lambda: pg.log().count("Kafka unavailable") >= seen + 2, 60, "failed publish rounds of the hole's rows")
+    assert xid in holes(pg)
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    for b in (1, 2, 3):
+        mock_cluster.up(b)
+    pg.wait_published(21, timeout=120)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    assert pg.value("SELECT max(attempts) FROM outbox.events") == 0
+    records = read_topic(mock_cluster.bootstrap, "billing", 21, settle=True)
+    check = check_delivery(records, {**mine, "after": [after]})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+
+
+def test_a_hole_survives_a_sigkill_of_the_worker(mock_cluster, ring_relay):
+    """The crash restart that a SIGKILL of a backend causes ends every session: a plain open
+    writer dies with it (never marked aborted: its hole is dropped), a prepared one stays open
+    and stays a hole (in the committed cursor row); after COMMIT PREPARED its rows go, once."""
+    pg = ring_relay(server={"max_prepared_transactions": "4"})
+    with pg.connect(autocommit=False) as writer:
+        prepared = [enqueue_in(writer, "billing", "pk", f"p{i}") for i in range(3)]
+        prepared_xid = writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        writer.execute("PREPARE TRANSACTION 'kill-gid'")
+        writer.commit()
+    try:
+        doomed_writer = pg.connect(autocommit=False)
+        doomed = enqueue_in(doomed_writer, "billing", "dk", "doomed")
+        doomed_xid = doomed_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = pg.value("SELECT outbox.enqueue('billing', 'after', 'x')::text")
+        pg.wait_published(1)
+        wait_until(lambda: {prepared_xid, doomed_xid} <= set(holes(pg)), 60, "both writers holes")
+        killed = pg.kill_worker(0)
+        wait_until(lambda: killed not in pg.worker_pids() and all(pg.worker_pids()), 60, "cluster and relay back")
+        try:
+            doomed_writer.close()
+        except psycopg.Error:
+            pass
+        wait_until(lambda: set(holes(pg)) == {prepared_xid}, 60, "the dead writer's hole dropped, the prepared kept")
+        assert published(pg) == 1
+    finally:
+        pg.sql("COMMIT PREPARED 'kill-gid'")
+    later = pg.value("SELECT outbox.enqueue('billing', 'pk', 'later')::text")
+    pg.wait_published(5)
+    wait_until(lambda: holes(pg) == {}, 60, "the hole walked and dropped")
+    records = read_topic(mock_cluster.bootstrap, "billing", 5, settle=True)
+    check = check_delivery(records, {"pk": prepared + [later], "after": [after]})
+    assert check.lost == [] and check.order_violations == [] and check.duplicates == 0
+    assert doomed not in {r.event_id for r in records}
+    assert len(landed(pg)) == 5
+
+
+def test_a_change_of_the_worker_count_keeps_the_open_writers_holes(mock_cluster, ring_relay):
+    """The new count's slots start at the lowest old cursor with the old slots' holes: an open
+    writer the old slot passed is published after its commit (once or more, never lost)."""
+    pg = ring_relay(batch_size=20)
+    with pg.connect(autocommit=False) as open_writer:
+        held = {f"h{i}": [enqueue_in(open_writer, "orders", f"h{i}", "held")] for i in range(6)}
+        xid = open_writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0]
+        after = enqueue(pg, "orders", rows_for(20, 4))
+        pg.wait_published(20)
+        wait_until(lambda: xid in holes(pg), 60, "the open writer a hole of slot 0 of 1")
+        pg.set(workers=2)
+        wait_until(lambda: pg.value("SELECT count(*) FROM outbox.cursors c WHERE c.n_workers = 2 "
+                                    "AND %s::xid8 = ANY (c.hole_xids)", (xid,)) == 2, 60,
+                   "both new slots with the hole")
+        open_writer.commit()
+    pg.wait_published(26)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.cursors WHERE n_workers = 2 "
+                                "AND cardinality(hole_xids) = 0") == 2, 60, "the holes walked")
+    records = read_topic(mock_cluster.bootstrap, "orders", 26, settle=True)
+    check = check_delivery(records, {**after, **held})
+    assert check.lost == [] and check.order_violations == [] and check.unique == 26
 
 
 def test_sigkill_mid_run_loses_nothing_and_keeps_order(mock_cluster, ring_relay):

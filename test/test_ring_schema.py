@@ -420,7 +420,15 @@ def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):
     pg.sql(cursor, (1, "FFFFFFFF/FFFFFFFF"), dbname=db)  # above the WAL: forged
     assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
     assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
-    pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn() WHERE worker = 1", dbname=db)
+    # A hole of a slot (an open writer its cursor passed, whose rows are still to be walked once it
+    # committed) counts as a cursor just below the writer's lowest stamp: events_0 is not passed.
+    pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn(), hole_xids = '{1000}', "
+           "hole_froms = ARRAY[(SELECT min(order_lsn) FROM outbox.events_0)], hole_walked_lsns = '{0/0}', "
+           "hole_walked_ids = '{0}' WHERE worker = 1", dbname=db)
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 3
+    pg.sql("UPDATE outbox.cursors SET order_lsn = pg_current_wal_insert_lsn(), hole_xids = '{}', hole_froms = '{}', "
+           "hole_walked_lsns = '{}', hole_walked_ids = '{}' WHERE worker = 1", dbname=db)
     assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 0  # no landed rows: 0 published
     # Both sealed members are at or below the (hand-set) cursors now: events_0, then events_1
     # sealed in the same round, are emptied; events_2 is current.

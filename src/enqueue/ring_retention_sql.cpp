@@ -32,15 +32,19 @@ namespace {
 // ring_start or at an older count's lowest cursor, and has passed nothing). Its rows start at the
 // lowest cursor of the count before, so they cover what that count passed. A cursor above the
 // WAL position ($1) was not written by a relay (a restored dump, or by hand): nothing is passed.
-// No row: nothing is passed.
+// No row: nothing is passed. A slot's hole (an open writer its cursor passed, whose rows from its
+// lowest stamp up to the cursor are still to be walked) counts as a cursor of that slot just below
+// that stamp: the hole's writer may have committed and let go of its member lock already.
 constexpr const char *kLowestCursorSql =
-    "SELECT c.order_lsn, c.id, c.n_workers, c.worker FROM outbox.cursors c, "
-    "       (SELECT o.n_workers FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1) n "
+    "SELECT p.order_lsn, p.id, c.n_workers, c.worker FROM outbox.cursors c, "
+    "       (SELECT o.n_workers FROM outbox.cursors o ORDER BY o.updated_at DESC, o.n_workers DESC LIMIT 1) n, "
+    "       LATERAL (SELECT c.order_lsn, c.id "
+    "                UNION ALL SELECT h.f, (-9223372036854775807)::bigint - 1 FROM pg_catalog.unnest(c.hole_froms) h(f)) p "
     "WHERE c.n_workers = n.n_workers "
     "  AND (SELECT count(DISTINCT k.worker) FROM outbox.cursors k "
     "       WHERE k.n_workers = n.n_workers AND k.worker >= 0 AND k.worker < n.n_workers) = n.n_workers "
     "  AND NOT EXISTS (SELECT FROM outbox.cursors f WHERE f.order_lsn > $1) "
-    "ORDER BY c.order_lsn, c.id, c.worker LIMIT 1";
+    "ORDER BY p.order_lsn, p.id, c.worker LIMIT 1";
 
 // When kLowestCursorSql finds nothing, why: the count that moved last, its first slot without a
 // row, and whether a cursor lies above the WAL position.

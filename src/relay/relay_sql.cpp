@@ -492,15 +492,18 @@ DisarmStopCheck() {
 	}
 }
 
-// Runs a step's statement; `step` names it for the test builds' fault injection.
+// Runs a step's statement (read-only in exactly `snapshot`, or with a new snapshot of its own
+// when InvalidSnapshot); `step` names it for the test builds' fault injection.
 void
-Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
+ExecuteIn(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected, Snapshot snapshot) {
 	// statement_timeout is armed by the protocol loop for client commands only: a background
 	// worker's SPI statements run without it unless armed here. (An ERROR leaves both timers to
 	// the recovery block's disable_all_timeouts.)
 	enable_timeout_after(STATEMENT_TIMEOUT, settings.statement_timeout_ms);
 	ArmStopCheck();
-	int rc = SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0);
+	int rc = snapshot == InvalidSnapshot
+	             ? SPI_execute_plan(PlanOf(stmt), values, nulls, false, 0)
+	             : SPI_execute_snapshot(PlanOf(stmt), values, nulls, snapshot, InvalidSnapshot, true, false, 0);
 	DisarmStopCheck();
 	disable_timeout(STATEMENT_TIMEOUT, false);
 	// A cancel the timer set after the statement's last interrupt check is served here, inside
@@ -510,6 +513,11 @@ Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int
 		elog(ERROR, "outbox relay: statement failed: %s", SPI_result_code_string(rc));
 	}
 	MaybeInjectFailure(step);
+}
+
+void
+Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
+	ExecuteIn(step, stmt, values, nulls, expected, InvalidSnapshot);
 }
 
 // Text in the server encoding as UTF-8 (what Kafka clients expect), or nullptr when it has no
@@ -1131,6 +1139,11 @@ namespace step {
 void
 Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected) {
 	outbox::Execute(step, stmt, values, nulls, expected);
+}
+
+void
+ExecuteIn(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected, Snapshot snapshot) {
+	outbox::ExecuteIn(step, stmt, values, nulls, expected, snapshot);
 }
 
 Datum

@@ -11,7 +11,7 @@ namespace outbox {
 struct Statement {
 	const char *sql;
 	int nargs;
-	Oid types[9];
+	Oid types[12];
 	int cursor_options; // 0: the plan cache chooses between custom and generic plans
 	SPIPlanPtr plan;    // prepared at first use and kept for the worker's life
 };
@@ -21,6 +21,8 @@ namespace step {
 // Runs `stmt` in the open step (its plan prepared once); an ERROR unless SPI returns `expected`.
 // `step` names it for the test builds' outbox.test_fail_step.
 void Execute(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected);
+// The same, read-only, in exactly `snapshot` (InvalidSnapshot: as Execute).
+void ExecuteIn(const char *step, Statement &stmt, Datum *values, const char *nulls, int expected, Snapshot snapshot);
 // A one-dimensional array of `elems` in the current memory context.
 Datum ArrayOf(Datum *elems, int n, Oid type);
 // Copies a claimed row in the claim's column layout (relay_sql.cpp's kLockSql: 1 id, 2 event_id

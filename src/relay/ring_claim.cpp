@@ -1,9 +1,11 @@
 // The claim and record on schema 0.4.0's ring (DESIGN.md "The insert-only queue", build step 3,
 // a preview): events are only ever INSERTed into the generation tables outbox.events_0 .. 3; a
 // relay slot (worker i of N) walks them in (order_lsn, id) order from its cursor
-// (outbox.cursors), up to the safe horizon of the registry of open writers
-// (shared/open_writers.hpp: no transaction still in progress can commit a row below it), and
-// writes per batch one landed row per run of offsets of a (member, topic, partition), the cursor,
+// (outbox.cursors) up to W, the WAL insert position of the claim's view of the registry of open
+// writers (shared/open_writers.hpp); each open writer the cursor passes becomes a hole of the
+// slot (kept in its cursor row), whose rows from its lowest stamp up to the cursor are walked
+// once it committed (dropped if it aborted), before any row after the cursor. Per batch it writes
+// one landed row per run of offsets of a (member, topic, partition), the cursor and its holes,
 // and for the rare outcomes a row of outbox.event_state (a retry, failed, quarantined, held
 // behind an earlier event of its key, passed unpublished). No member row is written.
 //
@@ -14,9 +16,11 @@
 // into event_state behind it); nothing published before its commit is durable (relay_sql.cpp's
 // FlushBeforePublish); a crash or ERROR before the record's commit leaves cursor, landed and
 // event_state as they were: the batch is sent again (at-least-once).
-// Not built (later steps): the holes (a long or prepared writer holds the horizon back while it
-// is open), rotation and TRUNCATE retention, the re-base of a cursor on a restored dump, dedup
-// across members.
+// Nothing committed is skipped: a row below W that the claim's snapshot S does not show and that
+// will still commit is a row of an open writer of the view, at or above its lowest stamp (DESIGN.md
+// "Why nothing committed is skipped"); every such writer whose lowest stamp is at or below the new
+// cursor is a hole in the cursor row committed with the cursor. Not built: the re-base of a
+// cursor on a restored dump or a changed worker count.
 #include "relay/ring_claim.hpp"
 
 #include "relay/relay_step.hpp"
@@ -32,7 +36,7 @@ constexpr int kMembers = 4;
 // The slot's cursor row, locked: one publisher per slot. A slot locked elsewhere (a worker of
 // another count still finishing, a user) is skipped this round.
 const char *const kCursorLockSql = R"SQL(
-SELECT c.order_lsn, c.id FROM outbox.cursors c
+SELECT c.order_lsn, c.id, c.hole_xids, c.hole_froms, c.hole_walked_lsns, c.hole_walked_ids FROM outbox.cursors c
 WHERE c.n_workers = $1 AND c.worker = $2
 FOR UPDATE OF c SKIP LOCKED
 )SQL";
@@ -40,13 +44,26 @@ FOR UPDATE OF c SKIP LOCKED
 // A slot's first row: at outbox.ring_start, or, when another worker count ran last (a change of
 // outbox.workers), at the lowest cursor of that count (nothing of any lane below it is left
 // unhandled; rows between it and an old slot's own cursor are sent again: the re-base that
-// avoids those duplicates is not built).
+// avoids those duplicates is not built), with the union of that count's holes (each at its lowest
+// stamp, its walk begun again: a hole's rows walked already are sent again, never lost).
 const char *const kCursorCreateSql = R"SQL(
-INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at)
-SELECT $1, $2, p.order_lsn, p.id, $3, statement_timestamp()
+WITH old AS (
+	SELECT o.n_workers FROM outbox.cursors o WHERE o.n_workers <> $1 ORDER BY o.updated_at DESC LIMIT 1
+), holes AS (
+	SELECT u.x, min(u.f) AS f
+	FROM outbox.cursors c, unnest(c.hole_xids, c.hole_froms) AS u(x, f)
+	WHERE c.n_workers = (SELECT n_workers FROM old)
+	GROUP BY u.x
+)
+INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at,
+                            hole_xids, hole_froms, hole_walked_lsns, hole_walked_ids)
+SELECT $1, $2, p.order_lsn, p.id, $3, statement_timestamp(),
+       coalesce((SELECT array_agg(h.x ORDER BY h.x) FROM holes h), '{}'),
+       coalesce((SELECT array_agg(h.f ORDER BY h.x) FROM holes h), '{}'),
+       coalesce((SELECT array_agg('0/0'::pg_lsn ORDER BY h.x) FROM holes h), '{}'),
+       coalesce((SELECT array_agg(0::bigint ORDER BY h.x) FROM holes h), '{}')
 FROM (SELECT c.order_lsn, c.id, 0 AS rank FROM outbox.cursors c
-      WHERE c.n_workers = (SELECT o.n_workers FROM outbox.cursors o WHERE o.n_workers <> $1
-                           ORDER BY o.updated_at DESC LIMIT 1)
+      WHERE c.n_workers = (SELECT n_workers FROM old)
       UNION ALL
       SELECT r.order_lsn, 0::bigint, 1 FROM outbox.ring_start r) p
 ORDER BY p.rank, p.order_lsn, p.id
@@ -54,10 +71,17 @@ LIMIT 1
 ON CONFLICT (n_workers, worker) DO NOTHING
 )SQL";
 
-// The cursor only moves forward.
+// The cursor (only ever moved forward: RecordCursor) and the slot's holes, under the row's lock.
 const char *const kCursorMoveSql = R"SQL(
-UPDATE outbox.cursors c SET order_lsn = $3, id = $4, updated_at = statement_timestamp()
-WHERE c.n_workers = $1 AND c.worker = $2 AND (c.order_lsn, c.id) < ($3::pg_lsn, $4::bigint)
+UPDATE outbox.cursors c SET order_lsn = $3, id = $4, hole_xids = $5, hole_froms = $6, hole_walked_lsns = $7,
+                            hole_walked_ids = $8, updated_at = statement_timestamp()
+WHERE c.n_workers = $1 AND c.worker = $2
+)SQL";
+
+// Whether holes that the claim's snapshot no longer shows in progress committed: 'committed',
+// 'aborted' (also a transaction that was running at a crash), NULL when too old to tell.
+const char *const kHoleStatusSql = R"SQL(
+SELECT pg_catalog.pg_xact_status(u.x) FROM unnest($1::xid8[]) WITH ORDINALITY AS u(x, k) ORDER BY u.k
 )SQL";
 
 // Candidates (1): due pending event_state rows of the slot's lanes, in order, read without
@@ -97,34 +121,70 @@ WHERE s.ctid = ANY ($1::tid[])
 FOR UPDATE OF s SKIP LOCKED
 )SQL";
 
-// Candidates (3): member rows of the slot's lanes after the cursor and below the safe horizon,
+// Candidates (3): member rows of the slot's lanes after the cursor and below W,
 // in (order_lsn, id) order over every member (a merge of their order indexes), in the claimed
 // row's layout, 9 member, 10 order_lsn, 16 size for the byte budget, 17 held: the key has an
 // event_state row that waits (or failed, under block_key), which the row must not overtake.
 // No lock: members are insert-only, and the cursor row serialises the slot's claims.
 #define OUTBOX_RING_MEMBER(n)                                                                                         \
 	"SELECT " #n "::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, "             \
-	"e.created_at, e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source FROM outbox.events_" #n " e"
+	"e.created_at, e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source, e.writer "              \
+	"FROM outbox.events_" #n " e"
+#define OUTBOX_RING_MEMBERS                                                                                           \
+	"(" OUTBOX_RING_MEMBER(0) " UNION ALL " OUTBOX_RING_MEMBER(1) " UNION ALL " OUTBOX_RING_MEMBER(2)                 \
+	" UNION ALL " OUTBOX_RING_MEMBER(3) ")"
+// held_param: the block_key parameter.
+#define OUTBOX_RING_CANDIDATE_COLUMNS(held_param)                                                                     \
+    "SELECT m.id, m.event_id::text, m.topic, m.key, m.payload, " \
+    "       CASE WHEN jsonb_typeof(m.headers) = 'object' " \
+    "            THEN ARRAY(SELECT h.key FROM jsonb_each_text(m.headers) h ORDER BY h.key) END, " \
+    "       CASE WHEN jsonb_typeof(m.headers) = 'object' " \
+    "            THEN ARRAY(SELECT h.value FROM jsonb_each_text(m.headers) h ORDER BY h.key) END, " \
+    "       m.headers IS NOT NULL AND jsonb_typeof(m.headers) <> 'object', " \
+    "       m.member, m.order_lsn, " \
+    "       m.created_at, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source, " \
+    "       (coalesce(octet_length(m.payload), 0) + coalesce(octet_length(m.key), 0) " \
+    "        + coalesce(octet_length(m.headers::text), 0))::bigint, " \
+    "       m.key IS NOT NULL AND EXISTS (SELECT 1 FROM outbox.event_state s "                                        \
+    "                                     WHERE s.topic = m.topic AND s.key = m.key "                              \
+    "                                       AND (s.status = 'pending' OR " held_param ")) "
 const char *const kMemberCandidatesSql =
-    "SELECT m.id, m.event_id::text, m.topic, m.key, m.payload, "
-    "       CASE WHEN jsonb_typeof(m.headers) = 'object' "
-    "            THEN ARRAY(SELECT h.key FROM jsonb_each_text(m.headers) h ORDER BY h.key) END, "
-    "       CASE WHEN jsonb_typeof(m.headers) = 'object' "
-    "            THEN ARRAY(SELECT h.value FROM jsonb_each_text(m.headers) h ORDER BY h.key) END, "
-    "       m.headers IS NOT NULL AND jsonb_typeof(m.headers) <> 'object', "
-    "       m.member, m.order_lsn, "
-    "       m.created_at, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source, "
-    "       (coalesce(octet_length(m.payload), 0) + coalesce(octet_length(m.key), 0) "
-    "        + coalesce(octet_length(m.headers::text), 0))::bigint, "
-    "       m.key IS NOT NULL AND EXISTS (SELECT 1 FROM outbox.event_state s "
-    "                                     WHERE s.topic = m.topic AND s.key = m.key "
-    "                                       AND (s.status = 'pending' OR $7)) "
-    "FROM (" OUTBOX_RING_MEMBER(0) " UNION ALL " OUTBOX_RING_MEMBER(1) " UNION ALL " OUTBOX_RING_MEMBER(2)
-    " UNION ALL " OUTBOX_RING_MEMBER(3) ") m "
+    OUTBOX_RING_CANDIDATE_COLUMNS("$7")
+    "FROM " OUTBOX_RING_MEMBERS " m "
     "WHERE (m.order_lsn, m.id) > ($3::pg_lsn, $4::bigint) AND m.order_lsn < $5::pg_lsn "
     "  AND (m.lane::integer % $1 + $1) % $1 = $2 "
     "ORDER BY m.order_lsn, m.id "
     "LIMIT $6";
+
+// Candidates (2): rows of committed holes ($3 xids, $4 lowest stamps, $5/$6 how far each was
+// walked) of the slot's lanes at or below the window's end ($7, $8: at most the cursor,
+// kHoleWindowSql), in (order_lsn, id) order over
+// every hole (so a key's rows of two holes keep their commit order), at most $9 (each hole's
+// first $9, then the first $9 of those: the first $9 of the union), in the layout of (3).
+const char *const kHoleCandidatesSql =
+    OUTBOX_RING_CANDIDATE_COLUMNS("$10")
+    "FROM unnest($3::xid8[], $4::pg_lsn[], $5::pg_lsn[], $6::bigint[]) AS h(xid, from_lsn, walked_lsn, walked_id), "
+    "LATERAL (SELECT w.* FROM " OUTBOX_RING_MEMBERS " w "
+    "         WHERE w.writer = h.xid AND w.order_lsn >= h.from_lsn "
+    "           AND (w.order_lsn, w.id) > (h.walked_lsn, h.walked_id) "
+    "           AND (w.order_lsn, w.id) <= ($7::pg_lsn, $8::bigint) "
+    "           AND (w.lane::integer % $1 + $1) % $1 = $2 "
+    "         ORDER BY w.order_lsn, w.id LIMIT $9) m "
+    "ORDER BY m.order_lsn, m.id "
+    "LIMIT $9";
+// The end of (2)'s window: the $5-th member row (every lane) after ($1, $2), at most the cursor
+// ($3, $4). The walk of committed holes reads no further in one claim: a hole of a writer that
+// was open long may lie below a long range of other rows, and its walk would otherwise read all
+// of them in one statement (under statement_timeout, and again at each claim if it is cut).
+#define OUTBOX_RING_POSITIONS(n) "SELECT e.order_lsn, e.id FROM outbox.events_" #n " e"
+const char *const kHoleWindowSql =
+    "SELECT m.order_lsn, m.id FROM (" OUTBOX_RING_POSITIONS(0) " UNION ALL " OUTBOX_RING_POSITIONS(1)
+    " UNION ALL " OUTBOX_RING_POSITIONS(2) " UNION ALL " OUTBOX_RING_POSITIONS(3) ") m "
+    "WHERE (m.order_lsn, m.id) > ($1::pg_lsn, $2::bigint) AND (m.order_lsn, m.id) <= ($3::pg_lsn, $4::bigint) "
+    "ORDER BY m.order_lsn, m.id OFFSET $5 LIMIT 1";
+#undef OUTBOX_RING_POSITIONS
+#undef OUTBOX_RING_CANDIDATE_COLUMNS
+#undef OUTBOX_RING_MEMBERS
 #undef OUTBOX_RING_MEMBER
 
 // Where events landed: one row per run of consecutive offsets of a (member, topic, partition);
@@ -212,7 +272,13 @@ const char *const kNextRetrySql =
 
 Statement cursor_lock_stmt = {kCursorLockSql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement cursor_create_stmt = {kCursorCreateSql, 3, {INT4OID, INT4OID, INT8OID}, 0, nullptr};
-Statement cursor_move_stmt = {kCursorMoveSql, 4, {INT4OID, INT4OID, PG_LSNOID, INT8OID}, 0, nullptr};
+Statement cursor_move_stmt = {kCursorMoveSql,
+                              8,
+                              {INT4OID, INT4OID, PG_LSNOID, INT8OID, XID8ARRAYOID, PG_LSNARRAYOID, PG_LSNARRAYOID,
+                               INT8ARRAYOID},
+                              0,
+                              nullptr};
+Statement hole_status_stmt = {kHoleStatusSql, 1, {XID8ARRAYOID}, 0, nullptr};
 Statement state_candidates_stmt = {kStateCandidatesSql, 4, {INT4OID, INT4OID, INT4OID, BOOLOID}, 0, nullptr};
 Statement state_lock_stmt = {kStateLockSql, 1, {TIDARRAYOID}, 0, nullptr};
 // Generic plans: a merge of index walks, whatever the parameters (a custom plan made on a cold
@@ -220,6 +286,18 @@ Statement state_lock_stmt = {kStateLockSql, 1, {TIDARRAYOID}, 0, nullptr};
 Statement member_candidates_stmt = {
     kMemberCandidatesSql, 7, {INT4OID, INT4OID, PG_LSNOID, INT8OID, PG_LSNOID, INT4OID, BOOLOID},
     CURSOR_OPT_GENERIC_PLAN, nullptr};
+Statement hole_candidates_stmt = {kHoleCandidatesSql,
+                                 10,
+                                 {INT4OID, INT4OID, XID8ARRAYOID, PG_LSNARRAYOID, PG_LSNARRAYOID, INT8ARRAYOID,
+                                  PG_LSNOID, INT8OID, INT4OID, BOOLOID},
+                                 CURSOR_OPT_GENERIC_PLAN,
+                                 nullptr};
+Statement hole_window_stmt = {
+    kHoleWindowSql, 5, {PG_LSNOID, INT8OID, PG_LSNOID, INT8OID, INT8OID}, CURSOR_OPT_GENERIC_PLAN, nullptr};
+// How many member rows (2) reads past the lowest progress of the committed holes in one claim,
+// per row of batch_size (1,000,000 at the default 20,000): the window moves on by as much at each
+// claim, even one that finds no row of a hole in it.
+constexpr int64 kHoleWindowPerBatchRow = 50;
 Statement landed_stmt = {kLandedSql,
                          6,
                          {INT2ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID},
@@ -242,8 +320,8 @@ Statement next_retry_stmt = {kNextRetrySql, 2, {INT4OID, INT4OID}, 0, nullptr};
 // The members' oids, found by the step's table check (RingTablesProblem) for the claim's view.
 Oid member_oids[kMembers];
 
-// An empty walk moves the cursor to the horizon only once this much WAL lies between them:
-// otherwise every idle claim would write the cursor, whose own WAL moves the horizon again.
+// An empty walk moves the cursor to W only once this much WAL lies between them: otherwise
+// every idle claim would write the cursor, whose own WAL moves W again.
 // (Rows of other slots' lanes in that range are read again by each claim until then.)
 constexpr XLogRecPtr kIdleCursorSlackBytes = 64 * 1024;
 
@@ -263,18 +341,40 @@ struct Walked {
 	int event; // index into the batch, or -1: held
 };
 
+// A hole of the slot: an open writer (by its top-level xid) that the cursor passed, whose rows
+// from its lowest stamp up to the cursor are walked once it committed ((2) of the claim).
+enum class HoleState : char {
+	Open,      // in progress in the claim's snapshot: kept
+	Committed, // walked in this claim, from `walked`
+	Aborted,   // dropped
+};
+struct Hole {
+	uint64 xid;        // xid8
+	XLogRecPtr from;   // its lowest stamp
+	Position walked;   // how far its walk got ({0, 0}: not begun)
+	HoleState state;
+};
+
 // The claim's state kept for its record (in the batch's memory context: the claim's
 // transaction is open until RingRecordOutcomes).
 struct RingClaimState {
 	LaneSet lanes;
 	Position cursor;  // the slot's cursor at the claim
-	XLogRecPtr horizon;
-	bool to_horizon;  // the walk took every row of the slot below the horizon
+	XLogRecPtr horizon; // W, the WAL insert position of the claim's view: (3) stops below it
+	bool to_horizon;  // the walk took every row of the slot below W
 	int n_state;      // batch events [0, n_state) are event_state rows, the rest member rows
 	int16 *member;    // per batch event
 	XLogRecPtr *order_lsn;
-	Walked *walked;   // member rows consumed, in order
+	Walked *walked;   // member rows consumed, in order: first those of (2), then those of (3)
 	int n_walked;
+	int n_hole_walked; // walked[0 .. n_hole_walked) are rows of committed holes
+	bool holes_walked; // (2) reached the end of every committed hole uncut (or there was none)
+	bool window_uncut; // (2) took every row of the committed holes up to window_end
+	Position window_end; // how far (2) looked this claim (the cursor, or short of it: kHoleWindowSql)
+	Hole *holes;      // the slot's holes at the claim
+	int n_holes;
+	OpenWriter *open; // the open writers of the claim's view (in progress in its snapshot)
+	int n_open;
 } ring;
 
 Datum
@@ -351,28 +451,133 @@ InsertState(const int64 *ids, const int16 *members, const XLogRecPtr *lsns, cons
 	return LogFailed(SPI_tuptable, SPI_processed);
 }
 
+// The slot's cursor row at the record, written only when it changes: the cursor to `to` (only
+// forward), and the holes. The first `hole_end` walked rows of (2) were consumed: a committed
+// hole is dropped when (2) reached every committed hole's end and all of it was consumed, else
+// its walk goes on after the last row consumed (the walk is one (order_lsn, id) order over every
+// committed hole, so each hole's rows up to there were consumed); an aborted hole is dropped; an
+// open writer of the view whose lowest stamp is at or below the new cursor becomes a hole (one
+// per xid): a row of it below the cursor is not visible in the snapshot the cursor passed it in.
 void
-MoveCursor(Position to) {
-	if (!Before(ring.cursor, to)) {
+RecordCursor(Position to, int hole_end) {
+	if (Before(to, ring.cursor)) {
+		to = ring.cursor;
+	}
+	bool changed = Before(ring.cursor, to);
+	bool consumed_all = hole_end == ring.n_hole_walked;
+	bool walked_all = ring.holes_walked && consumed_all;
+	// Every row of the committed holes up to walked_to was consumed: the last one consumed, or the
+	// window's end when (2) took all it held.
+	Position walked_to = hole_end > 0 ? ring.walked[hole_end - 1].at : Position{0, 0};
+	bool advanced = hole_end > 0;
+	if (consumed_all && ring.window_uncut) {
+		walked_to = ring.window_end;
+		advanced = true;
+	}
+	int room = ring.n_holes + ring.n_open + 1;
+	Datum *xids = static_cast<Datum *>(palloc(sizeof(Datum) * room));
+	Datum *froms = static_cast<Datum *>(palloc(sizeof(Datum) * room));
+	Datum *walked_lsns = static_cast<Datum *>(palloc(sizeof(Datum) * room));
+	Datum *walked_ids = static_cast<Datum *>(palloc(sizeof(Datum) * room));
+	int n = 0;
+	for (int h = 0; h < ring.n_holes; h++) {
+		Hole hole = ring.holes[h];
+		if (hole.state == HoleState::Aborted || (hole.state == HoleState::Committed && walked_all)) {
+			changed = true;
+			continue;
+		}
+		if (hole.state == HoleState::Committed && advanced && Before(hole.walked, walked_to)) {
+			hole.walked = walked_to;
+			changed = true;
+		}
+		xids[n] = UInt64GetDatum(hole.xid);
+		froms[n] = LSNGetDatum(hole.from);
+		walked_lsns[n] = LSNGetDatum(hole.walked.order_lsn);
+		walked_ids[n++] = Int64GetDatum(hole.walked.id);
+	}
+	for (int o = 0; o < ring.n_open; o++) {
+		uint64 xid = U64FromFullTransactionId(ring.open[o].fxid);
+		bool known = false;
+		for (int h = 0; h < ring.n_holes && !known; h++) {
+			known = ring.holes[h].xid == xid;
+		}
+		if (known || ring.open[o].lowest > to.order_lsn) {
+			continue;
+		}
+		xids[n] = UInt64GetDatum(xid);
+		froms[n] = LSNGetDatum(ring.open[o].lowest);
+		walked_lsns[n] = LSNGetDatum(InvalidXLogRecPtr);
+		walked_ids[n++] = Int64GetDatum(0);
+		changed = true;
+	}
+	if (!changed) {
 		return;
 	}
-	Datum values[4] = {Int32GetDatum(ring.lanes.n_workers), Int32GetDatum(ring.lanes.worker),
-	                   LSNGetDatum(to.order_lsn), Int64GetDatum(to.id)};
+	Datum values[8] = {Int32GetDatum(ring.lanes.n_workers), Int32GetDatum(ring.lanes.worker),
+	                   LSNGetDatum(to.order_lsn),           Int64GetDatum(to.id),
+	                   step::ArrayOf(xids, n, XID8OID),     step::ArrayOf(froms, n, PG_LSNOID),
+	                   step::ArrayOf(walked_lsns, n, PG_LSNOID), step::ArrayOf(walked_ids, n, INT8OID)};
 	step::Execute("record", cursor_move_stmt, values, nullptr, SPI_OK_UPDATE);
 }
 
-// Where the cursor goes when the walk was not stopped: past the last row consumed, and to the
-// horizon when the walk took every row of the slot below it (an empty walk: only when the
-// horizon is far enough ahead, kIdleCursorSlackBytes).
+// Where the cursor goes when the walk was not stopped: past the last row of (3) consumed, and to
+// W when (3) took every row of the slot below it (an empty walk: only when W is far enough
+// ahead, kIdleCursorSlackBytes).
 Position
 CursorAfterWalk() {
-	Position to = ring.n_walked > 0 ? ring.walked[ring.n_walked - 1].at : ring.cursor;
+	int n_after = ring.n_walked - ring.n_hole_walked;
+	Position to = n_after > 0 ? ring.walked[ring.n_walked - 1].at : ring.cursor;
 	Position horizon{ring.horizon, 0};
 	if (ring.to_horizon && Before(to, horizon) &&
-	    (ring.n_walked > 0 || ring.horizon - ring.cursor.order_lsn >= kIdleCursorSlackBytes)) {
+	    (n_after > 0 || ring.horizon - ring.cursor.order_lsn >= kIdleCursorSlackBytes)) {
 		to = horizon;
 	}
 	return to;
+}
+
+// The elements of an 8-byte array column of the cursor row (xid8, pg_lsn, bigint).
+uint64 *
+Elements8(Datum array, Oid type, int *n) {
+	Datum *values;
+	bool *nulls;
+	deconstruct_array(DatumGetArrayTypeP(array), type, 8, FLOAT8PASSBYVAL, TYPALIGN_DOUBLE, &values, &nulls, n);
+	auto *out = static_cast<uint64 *>(palloc(sizeof(uint64) * (*n + 1)));
+	for (int i = 0; i < *n; i++) {
+		out[i] = nulls[i] ? 0 : DatumGetUInt64(values[i]);
+	}
+	return out;
+}
+
+// Consumes candidate rows of (2) or (3) (kMemberCandidatesSql's layout) into the batch, in
+// order, within the byte budget (the batch's first row always fits); a row held behind its key
+// is noted for event_state. Returns how many rows were consumed.
+int
+TakeRows(SPITupleTable *rows, int n_rows, MemoryContext into, Batch *batch, int64 *bytes, int64 *held_ids,
+         int16 *held_members, XLogRecPtr *held_lsns, int *n_held) {
+	bool isnull;
+	int k = 0;
+	for (; k < n_rows && (*bytes < settings.batch_max_bytes || batch->n == 0); k++) {
+		HeapTuple row = rows->vals[k];
+		Position at{DatumGetLSN(SPI_getbinval(row, rows->tupdesc, 10, &isnull)),
+		            DatumGetInt64(SPI_getbinval(row, rows->tupdesc, 1, &isnull))};
+		int16 member = DatumGetInt16(SPI_getbinval(row, rows->tupdesc, 9, &isnull));
+		if (DatumGetBool(SPI_getbinval(row, rows->tupdesc, 17, &isnull))) {
+			held_ids[*n_held] = at.id;
+			held_members[*n_held] = member;
+			held_lsns[(*n_held)++] = at.order_lsn;
+			ring.walked[ring.n_walked++] = Walked{at, -1};
+			continue;
+		}
+		*bytes += DatumGetInt64(SPI_getbinval(row, rows->tupdesc, 16, &isnull));
+		MemoryContext old = MemoryContextSwitchTo(into);
+		step::CopyClaimedRow(row, rows->tupdesc, batch->events[batch->n]);
+		MemoryContextSwitchTo(old);
+		ring.member[batch->n] = member;
+		ring.order_lsn[batch->n] = at.order_lsn;
+		ring.walked[ring.n_walked++] = Walked{at, batch->n};
+		batch->n++;
+	}
+	return k;
 }
 
 int
@@ -497,20 +702,69 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 			return; // locked elsewhere: nothing this round
 		}
 	}
-	ring.cursor.order_lsn = DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	ring.cursor.id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	HeapTuple cursor_row = SPI_tuptable->vals[0];
+	TupleDesc cursor_desc = SPI_tuptable->tupdesc;
+	ring.cursor.order_lsn = DatumGetLSN(SPI_getbinval(cursor_row, cursor_desc, 1, &isnull));
+	ring.cursor.id = DatumGetInt64(SPI_getbinval(cursor_row, cursor_desc, 2, &isnull));
+	int n_xids, n_froms, n_walked_lsns, n_walked_ids;
+	uint64 *hole_xids = Elements8(SPI_getbinval(cursor_row, cursor_desc, 3, &isnull), XID8OID, &n_xids);
+	uint64 *hole_froms = Elements8(SPI_getbinval(cursor_row, cursor_desc, 4, &isnull), PG_LSNOID, &n_froms);
+	uint64 *hole_lsns = Elements8(SPI_getbinval(cursor_row, cursor_desc, 5, &isnull), PG_LSNOID, &n_walked_lsns);
+	uint64 *hole_ids = Elements8(SPI_getbinval(cursor_row, cursor_desc, 6, &isnull), INT8OID, &n_walked_ids);
+	if (n_froms != n_xids || n_walked_lsns != n_xids || n_walked_ids != n_xids) {
+		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+		                errmsg("outbox relay: the holes of cursor %d of %d have arrays of different lengths",
+		                       lanes.worker, lanes.n_workers)));
+	}
 
-	// 2. The safe horizon, read before the snapshots of the walk below: every later statement
-	// snapshot sees the same rows below it (a writer that could still commit a row below it was
-	// in the view, and holds the horizon at its lowest stamp; one registered after has every
-	// stamp above the view's WAL position).
+	// 2. The claim's view: W (the WAL insert position), then the open writers in progress in its
+	// snapshot S, then S. Every walk of the claim reads in S. A row below W that S does not show
+	// and that will still commit is a row of one of those writers, at or above its lowest stamp
+	// (open_writers.cpp; DESIGN.md "Why nothing committed is skipped"): (3) goes to W, and the
+	// writers it passes become holes (RecordCursor).
 	ClaimView view = TakeClaimView(MyDatabaseId, member_oids, kMembers);
-	ring.horizon = SafeHorizon(view);
-	UnregisterSnapshot(view.snapshot);
+	ring.horizon = view.wal_insert;
+	MemoryContext old = MemoryContextSwitchTo(into);
+	ring.open = static_cast<OpenWriter *>(palloc(sizeof(OpenWriter) * (view.n_open + 1)));
+	memcpy(ring.open, view.open, sizeof(OpenWriter) * view.n_open);
+	ring.n_open = view.n_open;
+	ring.holes = static_cast<Hole *>(palloc(sizeof(Hole) * (n_xids + 1)));
+	MemoryContextSwitchTo(old);
+	// The slot's holes: in progress in S, committed (walked below), or aborted (dropped; a
+	// transaction running at a crash is never marked aborted, but it is not in progress either,
+	// and it committed nothing). One whose status is too old to tell is walked: only its rows
+	// visible in S are taken.
+	Datum *ended = static_cast<Datum *>(palloc(sizeof(Datum) * (n_xids + 1)));
+	int *ended_at = static_cast<int *>(palloc(sizeof(int) * (n_xids + 1)));
+	int n_ended = 0;
+	for (int h = 0; h < n_xids; h++) {
+		Hole &hole = ring.holes[ring.n_holes++];
+		hole = Hole{hole_xids[h], XLogRecPtr(hole_froms[h]), Position{XLogRecPtr(hole_lsns[h]), int64(hole_ids[h])},
+		            HoleState::Open};
+		if (!InProgressIn(FullTransactionIdFromU64(hole.xid), view.snapshot)) {
+			ended[n_ended] = UInt64GetDatum(hole.xid);
+			ended_at[n_ended++] = h;
+		}
+	}
+	int n_committed = 0;
+	if (n_ended > 0) {
+		Datum status_values[1] = {step::ArrayOf(ended, n_ended, XID8OID)};
+		step::Execute("claim", hole_status_stmt, status_values, nullptr, SPI_OK_SELECT);
+		for (int e = 0; e < n_ended && e < int(SPI_processed); e++) {
+			char *status = SPI_getvalue(SPI_tuptable->vals[e], SPI_tuptable->tupdesc, 1);
+			HoleState &state = ring.holes[ended_at[e]].state;
+			if (status != nullptr && strcmp(status, "aborted") == 0) {
+				state = HoleState::Aborted;
+			} else if (status == nullptr || strcmp(status, "committed") == 0) {
+				state = HoleState::Committed;
+				n_committed++;
+			}
+		}
+	}
 
 	int batch_size = settings.batch_size;
 	bool block_key = settings.failed_event_policy == int(FailedEventPolicy::BlockKey);
-	MemoryContext old = MemoryContextSwitchTo(into);
+	old = MemoryContextSwitchTo(into);
 	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * batch_size));
 	ring.member = static_cast<int16 *>(palloc(sizeof(int16) * batch_size));
 	ring.order_lsn = static_cast<XLogRecPtr *>(palloc(sizeof(XLogRecPtr) * batch_size));
@@ -537,13 +791,70 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 	}
 	ring.n_state = batch->n;
 
-	// 3b. Member rows after the cursor, below the horizon.
 	int limit = batch_size - batch->n;
 	int n_held = 0;
 	int64 *held_ids = static_cast<int64 *>(palloc(sizeof(int64) * (limit > 0 ? limit : 1)));
 	int16 *held_members = static_cast<int16 *>(palloc(sizeof(int16) * (limit > 0 ? limit : 1)));
 	XLogRecPtr *held_lsns = static_cast<XLogRecPtr *>(palloc(sizeof(XLogRecPtr) * (limit > 0 ? limit : 1)));
-	if (limit > 0 && bytes < settings.batch_max_bytes && ring.cursor.order_lsn < ring.horizon) {
+
+	// 3b. Rows of committed holes, below the cursor, from where each hole's walk got, in one
+	// (order_lsn, id) order, in S.
+	ring.holes_walked = n_committed == 0;
+	if (n_committed > 0 && limit > 0 && bytes < settings.batch_max_bytes) {
+		Datum *xids = static_cast<Datum *>(palloc(sizeof(Datum) * n_committed));
+		Datum *froms = static_cast<Datum *>(palloc(sizeof(Datum) * n_committed));
+		Datum *walked_lsns = static_cast<Datum *>(palloc(sizeof(Datum) * n_committed));
+		Datum *walked_ids = static_cast<Datum *>(palloc(sizeof(Datum) * n_committed));
+		int c = 0;
+		for (int h = 0; h < ring.n_holes; h++) {
+			if (ring.holes[h].state == HoleState::Committed) {
+				xids[c] = UInt64GetDatum(ring.holes[h].xid);
+				froms[c] = LSNGetDatum(ring.holes[h].from);
+				walked_lsns[c] = LSNGetDatum(ring.holes[h].walked.order_lsn);
+				walked_ids[c++] = Int64GetDatum(ring.holes[h].walked.id);
+			}
+		}
+		// The window: from the lowest place a committed hole's walk stands at.
+		Position start = ring.cursor;
+		for (int h = 0; h < ring.n_holes; h++) {
+			const Hole &hole = ring.holes[h];
+			Position at = Before(hole.walked, Position{hole.from, PG_INT64_MIN}) ? Position{hole.from, PG_INT64_MIN}
+			                                                                     : hole.walked;
+			if (hole.state == HoleState::Committed && Before(at, start)) {
+				start = at;
+			}
+		}
+		ring.window_end = ring.cursor;
+		Datum window_values[5] = {LSNGetDatum(start.order_lsn), Int64GetDatum(start.id),
+		                          LSNGetDatum(ring.cursor.order_lsn), Int64GetDatum(ring.cursor.id),
+		                          Int64GetDatum(int64(batch_size) * kHoleWindowPerBatchRow)};
+		step::ExecuteIn("claim", hole_window_stmt, window_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		if (SPI_processed == 1) {
+			ring.window_end = Position{DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)),
+			                           DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull))};
+		}
+		Datum hole_values[10] = {slot_values[0],
+		                         slot_values[1],
+		                         step::ArrayOf(xids, c, XID8OID),
+		                         step::ArrayOf(froms, c, PG_LSNOID),
+		                         step::ArrayOf(walked_lsns, c, PG_LSNOID),
+		                         step::ArrayOf(walked_ids, c, INT8OID),
+		                         LSNGetDatum(ring.window_end.order_lsn),
+		                         Int64GetDatum(ring.window_end.id),
+		                         Int32GetDatum(limit),
+		                         BoolGetDatum(block_key)};
+		step::ExecuteIn("claim", hole_candidates_stmt, hole_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		int n_rows = int(SPI_processed);
+		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
+		ring.window_uncut = n_rows < limit && k == n_rows;
+		ring.holes_walked = ring.window_uncut && !Before(ring.window_end, ring.cursor);
+		limit -= ring.n_walked;
+	}
+	ring.n_hole_walked = ring.n_walked;
+
+	// 3c. Member rows after the cursor, below W, in S; none while a committed hole is not walked
+	// to its end (a later row of its key must not overtake its rows).
+	if (ring.holes_walked && limit > 0 && bytes < settings.batch_max_bytes && ring.cursor.order_lsn < ring.horizon) {
 		Datum member_values[7] = {slot_values[0],
 		                          slot_values[1],
 		                          LSNGetDatum(ring.cursor.order_lsn),
@@ -551,33 +862,12 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		                          LSNGetDatum(ring.horizon),
 		                          Int32GetDatum(limit),
 		                          BoolGetDatum(block_key)};
-		step::Execute("claim", member_candidates_stmt, member_values, nullptr, SPI_OK_SELECT);
-		SPITupleTable *rows = SPI_tuptable;
+		step::ExecuteIn("claim", member_candidates_stmt, member_values, nullptr, SPI_OK_SELECT, view.snapshot);
 		int n_rows = int(SPI_processed);
-		int k = 0;
-		for (; k < n_rows && (bytes < settings.batch_max_bytes || batch->n == 0); k++) {
-			HeapTuple row = rows->vals[k];
-			Position at{DatumGetLSN(SPI_getbinval(row, rows->tupdesc, 10, &isnull)),
-			            DatumGetInt64(SPI_getbinval(row, rows->tupdesc, 1, &isnull))};
-			int16 member = DatumGetInt16(SPI_getbinval(row, rows->tupdesc, 9, &isnull));
-			if (DatumGetBool(SPI_getbinval(row, rows->tupdesc, 17, &isnull))) {
-				held_ids[n_held] = at.id;
-				held_members[n_held] = member;
-				held_lsns[n_held++] = at.order_lsn;
-				ring.walked[ring.n_walked++] = Walked{at, -1};
-				continue;
-			}
-			bytes += DatumGetInt64(SPI_getbinval(row, rows->tupdesc, 16, &isnull));
-			old = MemoryContextSwitchTo(into);
-			step::CopyClaimedRow(row, rows->tupdesc, batch->events[batch->n]);
-			MemoryContextSwitchTo(old);
-			ring.member[batch->n] = member;
-			ring.order_lsn[batch->n] = at.order_lsn;
-			ring.walked[ring.n_walked++] = Walked{at, batch->n};
-			batch->n++;
-		}
+		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
 		ring.to_horizon = n_rows < limit && k == n_rows;
 	}
+	UnregisterSnapshot(view.snapshot);
 	// Held rows wait behind their key in event_state, due at once (the key's earlier row holds
 	// them back there): copied in the claim's transaction, with the cursor that passes them.
 	if (n_held > 0) {
@@ -587,7 +877,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		InsertState(held_ids, held_members, held_lsns, kinds, no_errors, n_held, 0);
 	}
 	if (batch->n == 0) {
-		MoveCursor(CursorAfterWalk()); // committed by the caller's EndStep
+		RecordCursor(CursorAfterWalk(), ring.n_hole_walked); // committed by the caller's EndStep
 	}
 }
 
@@ -749,7 +1039,15 @@ RingRecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Del
 		texts[k++] = errors[i];
 	}
 	failed += InsertState(ids, members, lsns, kinds, texts, k, defer_ms);
-	MoveCursor(stop ? (first_unresolved > 0 ? ring.walked[first_unresolved - 1].at : ring.cursor) : CursorAfterWalk());
+	// Rows of (2) come first: an unresolved one stops its hole's walk before it (and the cursor
+	// stays, as (3) took nothing resolved); one of (3) stops the cursor before it.
+	Position to = CursorAfterWalk();
+	int hole_end = ring.n_hole_walked;
+	if (stop) {
+		to = first_unresolved > ring.n_hole_walked ? ring.walked[first_unresolved - 1].at : ring.cursor;
+		hole_end = Min(first_unresolved, ring.n_hole_walked);
+	}
+	RecordCursor(to, hole_end);
 	return failed;
 }
 

@@ -18,8 +18,10 @@ const char *RingTablesProblem(Oid ext, Oid nsp);
 const char *RingRightsProblem(Oid nsp, Oid role);
 
 // The claim of slot lanes.worker of lanes.n_workers, in the open step: the slot's cursor row
-// locked (none: someone else holds it, the batch is empty), the safe horizon read, then the due
-// event_state rows of the slot's lanes and the member rows after the cursor below the horizon.
+// locked (none: someone else holds it, the batch is empty), the registry's view read (W, the
+// open writers, the snapshot S), then the due event_state rows of the slot's lanes, the rows of
+// its committed holes below the cursor, and (once those are walked) the member rows after the
+// cursor below W, the last two in S.
 // Rows held behind an earlier event of their key are copied into event_state here. An empty
 // batch has its cursor written already; a non-empty one is recorded by RingRecordOutcomes.
 void RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch);

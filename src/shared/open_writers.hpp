@@ -50,7 +50,8 @@ ClaimView TakeClaimView(Oid db, const Oid *tables, int n_tables);
 bool InProgressIn(FullTransactionId fxid, Snapshot snapshot);
 
 // The safe horizon: rows visible in the view's snapshot below it are final (no row below it can
-// still be committed). The least of wal_insert and the open writers' lowest stamps.
+// still be committed). The least of wal_insert and the open writers' lowest stamps. (The test-build
+// claim's 'horizon' way; the relay's claim goes to wal_insert and keeps holes: ring_claim.cpp.)
 XLogRecPtr SafeHorizon(const ClaimView &view);
 
 // The generation table's stamped columns, order_lsn (pg_lsn) and writer (xid8); an ERROR if it
