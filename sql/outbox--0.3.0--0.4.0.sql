@@ -459,6 +459,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	current_status text;
+	retried bigint;
 BEGIN
 	IF retry.event_id IS NULL THEN
 		RAISE EXCEPTION 'event_id must not be NULL'
@@ -481,13 +482,15 @@ BEGIN
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 			      HINT = 'Only events in outbox.failed can be retried.';
 	END IF;
-	-- Only the failed row: should one event_id have two rows (two enqueues of one caller id
-	-- around a rotation, DESIGN.md "Retention"), the other keeps its attempts and retry time.
+	-- Only the failed rows: should one event_id have two rows (two enqueues of one caller id
+	-- around a rotation, DESIGN.md "Retention"), one that is not failed keeps its attempts and
+	-- retry time. Returns how many rows it put back (2 when both were failed).
 	UPDATE outbox.event_state s
 	SET status = 'pending', attempts = 0, next_attempt_at = NULL
 	WHERE s.event_id = retry.event_id AND s.status = 'failed';
+	GET DIAGNOSTICS retried = ROW_COUNT;
 	PERFORM outbox.wake_relay_at_commit();
-	RETURN 1;
+	RETURN retried;
 END
 $$;
 
