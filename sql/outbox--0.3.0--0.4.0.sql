@@ -625,7 +625,9 @@ REVOKE ALL ON FUNCTION outbox.ring_cursor_floor() FROM PUBLIC;
 -- session holds, or one a relay cursor has not passed, stays sealed round after round; once no
 -- member is free the current one is never sealed and grows. One row per member: overdue is a
 -- sealed member sealed longer than `older_than` ago that is still there (the retention would
--- have emptied it), kept_because why, as far as can be told without waiting: 'cursor of worker
+-- have emptied it), kept_because why, as far as can be told without waiting (with older_than
+-- NULL, no window: the retention is off, nothing is due, overdue and kept_because are NULL on
+-- every row): 'cursor of worker
 -- slot K (n_workers M) has not passed it' (or why no cursor passes anything, as
 -- truncate_ring_member reads them), 'locked by pid N' (the session that has held a lock on it
 -- longest: it stops the retention's ACCESS EXCLUSIVE lock), 'member K, sealed before it, is
@@ -640,7 +642,7 @@ CREATE FUNCTION outbox.ring_status(
 	OUT member smallint, OUT is_current boolean, OUT opened_at timestamptz, OUT sealed_at timestamptz,
 	OUT overdue boolean, OUT kept_because text)
 RETURNS SETOF record
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 AS $$
@@ -660,15 +662,22 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 			      HINT = 'Pass the retention window, e.g. interval ''7 days'' (outbox.ring_status uses outbox.retention).';
 	END IF;
-	-- Where every cursor has passed, or why nothing is passed (truncate_ring_member()'s reading).
-	SELECT * INTO cursor_floor FROM outbox.ring_cursor_floor();
+	-- Where every cursor has passed, or why nothing is passed (truncate_ring_member()'s reading);
+	-- not needed without a window.
+	IF older_than IS NOT NULL THEN
+		SELECT * INTO cursor_floor FROM outbox.ring_cursor_floor();
+	END IF;
 	FOR g IN SELECT r.member, r.is_current, r.opened_at, r.sealed_at FROM outbox.ring r
 	         ORDER BY r.sealed_at NULLS LAST, r.member LOOP
 		member := g.member;
 		is_current := g.is_current;
 		opened_at := g.opened_at;
 		sealed_at := g.sealed_at;
-		overdue := NOT g.is_current AND g.sealed_at IS NOT NULL AND g.sealed_at <= pg_catalog.now() - older_than;
+		-- No window (NULL: outbox.retention = 0, the relay never purges): nothing is due, so
+		-- nothing is overdue and no reason is asked for.
+		overdue := CASE WHEN older_than IS NULL THEN NULL
+		                ELSE NOT g.is_current AND g.sealed_at IS NOT NULL
+		                     AND g.sealed_at <= pg_catalog.now() - older_than END;
 		kept_because := NULL;
 		IF overdue THEN
 			rel := pg_catalog.to_regclass('outbox.events_' || g.member);
@@ -723,11 +732,11 @@ $$;
 
 CREATE VIEW outbox.ring_status AS
 SELECT s.member, s.is_current, s.opened_at, s.sealed_at, s.overdue, s.kept_because
-FROM outbox.ring_status(pg_catalog.current_setting('outbox.retention')::interval) s
+FROM outbox.ring_status(NULLIF(pg_catalog.current_setting('outbox.retention')::interval, interval '0')) s
 ORDER BY s.member;
 
 COMMENT ON VIEW outbox.ring_status IS
-	'The ring''s members: current, opened, sealed, overdue (sealed longer than outbox.retention ago and still kept) and why it is kept';
+	'The ring''s members: current, opened, sealed, overdue (sealed longer than outbox.retention ago and still kept) and why it is kept; with outbox.retention = 0 (the relay never purges) overdue and kept_because are NULL';
 
 REVOKE ALL ON FUNCTION outbox.ring_status(interval) FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.ring_status FROM PUBLIC;

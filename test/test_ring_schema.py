@@ -492,6 +492,32 @@ def test_ring_status_says_what_keeps_a_sealed_member(pg):
     pg.sql(f"DROP DATABASE {db}")
 
 
+def test_ring_status_says_nothing_is_overdue_while_the_retention_is_off(pg):
+    """outbox.retention = 0: the relay never purges, so no member is overdue or kept for a reason;
+    the view passes NULL (not a window of 0) and shows every member with overdue and
+    kept_because NULL. outbox.ring_status(NULL) does the same."""
+    pg.sql("ALTER SYSTEM SET outbox.retention = 0")
+    pg.sql("SELECT pg_reload_conf()")
+    db = fresh_database(pg, "0.4.0")
+    try:
+        wait_until(lambda: pg.value("SELECT current_setting('outbox.retention')", dbname=db) == "0", 30,
+                   "outbox.retention = 0")
+        pg.sql("SELECT outbox.enqueue('t', 'k', 'x'::text)", dbname=db)
+        pg.sql("UPDATE outbox.ring SET opened_at = now() - interval '20 days' WHERE is_current", dbname=db)
+        pg.value("SELECT outbox.purge(interval '30 days')", dbname=db)  # seals events_0, kept for 30 days
+        assert pg.value("SELECT sealed_at IS NOT NULL FROM outbox.ring WHERE member = 0", dbname=db)
+        assert pg.sql("SELECT member, is_current, sealed_at IS NOT NULL, overdue, kept_because "
+                      "FROM outbox.ring_status", dbname=db) == [
+            (0, False, True, None, None), (1, True, False, None, None), (2, False, False, None, None),
+            (3, False, False, None, None)]
+        assert pg.sql("SELECT member, overdue, kept_because FROM outbox.ring_status(NULL) ORDER BY member",
+                      dbname=db) == [(m, None, None) for m in range(4)]
+    finally:
+        pg.sql("ALTER SYSTEM RESET outbox.retention")
+        pg.sql("SELECT pg_reload_conf()")
+        pg.sql(f"DROP DATABASE {db}")
+
+
 def test_ring_status_is_for_monitoring_roles_only(pg):
     db = fresh_database(pg, "0.4.0")
     pg.sql("SELECT outbox.enqueue('t', 'k', 'secret'::text)", dbname=db)
