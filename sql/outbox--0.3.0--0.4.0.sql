@@ -781,23 +781,20 @@ $$;
 -- ring_oldest_sealed_age_seconds (worker 0, which keeps the retention: the age of the oldest
 -- sealed member at its last round, 0 when none is sealed) and ring_retention_stalls (rounds that
 -- left a member sealed past the window, not emptied). A function's result columns cannot be
--- changed in place: the function and its view are made anew with the rights they had
--- (pg_monitor's and any an operator added), as 0.3.0 did.
+-- changed in place, and nothing is dropped (a view of a monitoring role's own on
+-- outbox.worker_metrics, or on the function, would stop the update with 2BP01): a new function,
+-- outbox.worker_metrics_v2(), has the full list, bound to the same C function (which fills as
+-- many columns as the result has), and the view is replaced over it, its columns appended at its
+-- end; the view keeps its rights, and the new function gets every EXECUTE right the old one had
+-- (pg_monitor's and any an operator added; a querying role needs it, as for the old one). The old
+-- function stays, with 0.3.0's columns and its rights.
 SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', coalesce(pg_catalog.jsonb_agg(g)::text, '[]'), true)
-FROM (SELECT 'FUNCTION ' || p.oid::pg_catalog.regprocedure::text AS object, a.privilege_type AS privilege,
+FROM (SELECT a.privilege_type AS privilege,
              CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee, a.is_grantable
       FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
-      WHERE p.oid = 'outbox.worker_metrics()'::pg_catalog.regprocedure AND a.grantee <> p.proowner
-      UNION ALL
-      SELECT 'TABLE ' || c.oid::pg_catalog.regclass::text, a.privilege_type,
-             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable
-      FROM pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(c.relacl) a
-      WHERE c.oid = 'outbox.worker_metrics'::pg_catalog.regclass AND a.grantee <> c.relowner) g;
+      WHERE p.oid = 'outbox.worker_metrics()'::pg_catalog.regprocedure AND a.grantee NOT IN (p.proowner, 0)) g;
 
-DROP VIEW outbox.worker_metrics;
-DROP FUNCTION outbox.worker_metrics();
-
-CREATE FUNCTION outbox.worker_metrics(
+CREATE FUNCTION outbox.worker_metrics_v2(
 	OUT database text, OUT worker integer, OUT pid integer, OUT state text, OUT broker_state text,
 	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
 	OUT started_at timestamptz,
@@ -817,21 +814,20 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'outbox_worker_metrics'
 LANGUAGE C VOLATILE STRICT;
 
-CREATE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics();
+REVOKE ALL ON FUNCTION outbox.worker_metrics_v2() FROM PUBLIC;
+
+CREATE OR REPLACE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics_v2();
 
 COMMENT ON VIEW outbox.worker_metrics IS
 	'Relay workers'' metrics since their start: events published, failed, retried, requeued, resent; batch size and publish, claim and record time histograms; broker and backoff state; the ring''s oldest sealed member and retention rounds that could not empty an overdue one';
-
-REVOKE ALL ON FUNCTION outbox.worker_metrics() FROM PUBLIC;
-REVOKE ALL ON TABLE outbox.worker_metrics FROM PUBLIC;
 
 DO $$
 DECLARE
 	g record;
 BEGIN
 	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.metrics_acl')::jsonb)
-	                       AS x(object text, privilege text, grantee text, is_grantable boolean) LOOP
-		EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege, g.object, g.grantee,
+	                       AS x(privilege text, grantee text, is_grantable boolean) LOOP
+		EXECUTE format('GRANT %s ON FUNCTION outbox.worker_metrics_v2() TO %s%s', g.privilege, g.grantee,
 		               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
 	END LOOP;
 END

@@ -575,21 +575,42 @@ def test_ring_status_reads_on_a_hot_standby(pg, standbys):
     pg.sql(f"DROP DATABASE {db}")
 
 
-def test_update_makes_worker_metrics_anew_with_the_rings_columns_and_its_rights(pg):
+def test_update_gives_worker_metrics_the_rings_columns_and_keeps_its_rights_and_dependents(pg):
+    """The view gets the ring's columns at its end from a new function (the old one keeps 0.3.0's
+    result columns: a function's cannot change in place), with the same rights; nothing is
+    dropped, so a monitoring role's own view on outbox.worker_metrics does not stop the update."""
     db = fresh_database(pg)  # 0.3.0
+    dash = f"dash_{db}"
+    pg.sql(f"CREATE ROLE {dash} LOGIN")
+    pg.sql(f"GRANT pg_monitor TO {dash}")
     pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}; GRANT SELECT ON outbox.worker_metrics TO {READER}; "
-           f"GRANT EXECUTE ON FUNCTION outbox.worker_metrics() TO {READER}", dbname=db)
-    pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)
-    columns = [c for c, _ in pg.sql(VIEW_COLUMNS_SQL, ("outbox.worker_metrics",), dbname=db)]
-    assert columns[-3:] == ["events_resent", "ring_oldest_sealed_age_seconds", "ring_retention_stalls"]
-    for role in (READER, "pg_monitor"):
-        assert pg.value("SELECT has_table_privilege(%s, 'outbox.worker_metrics', 'SELECT') AND "
-                        "has_function_privilege(%s, 'outbox.worker_metrics()', 'EXECUTE')", (role, role), dbname=db)
-    assert not pg.value("SELECT has_table_privilege('public', 'outbox.worker_metrics', 'SELECT') OR "
-                        "has_function_privilege('public', 'outbox.worker_metrics()', 'EXECUTE')", dbname=db)
-    with connect(pg, db, user=READER) as c:
-        assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0  # no worker here
-    pg.sql(f"DROP DATABASE {db}")
+           f"GRANT EXECUTE ON FUNCTION outbox.worker_metrics() TO {READER}; "
+           f"CREATE SCHEMA {dash} AUTHORIZATION {dash}", dbname=db)
+    try:
+        with connect(pg, db, user=dash) as c:
+            c.execute(f"CREATE VIEW {dash}.relay_published AS "
+                      "SELECT worker, events_published FROM outbox.worker_metrics")
+        pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)
+        assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == "0.4.0"
+        columns = [c for c, _ in pg.sql(VIEW_COLUMNS_SQL, ("outbox.worker_metrics",), dbname=db)]
+        assert columns[-3:] == ["events_resent", "ring_oldest_sealed_age_seconds", "ring_retention_stalls"]
+        for role in (READER, "pg_monitor"):
+            assert pg.value("SELECT has_table_privilege(%s, 'outbox.worker_metrics', 'SELECT') AND "
+                            "has_function_privilege(%s, 'outbox.worker_metrics()', 'EXECUTE') AND "
+                            "has_function_privilege(%s, 'outbox.worker_metrics_v2()', 'EXECUTE')",
+                            (role, role, role), dbname=db)
+        assert not pg.value("SELECT has_table_privilege('public', 'outbox.worker_metrics', 'SELECT') OR "
+                            "has_function_privilege('public', 'outbox.worker_metrics()', 'EXECUTE') OR "
+                            "has_function_privilege('public', 'outbox.worker_metrics_v2()', 'EXECUTE')", dbname=db)
+        with connect(pg, db, user=READER) as c:
+            assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0  # no worker here
+            assert c.execute("SELECT count(*) FROM outbox.worker_metrics()").fetchone()[0] == 0  # 0.3.0's columns
+        with connect(pg, db, user=dash) as c:
+            assert c.execute(f"SELECT count(*) FROM {dash}.relay_published").fetchone()[0] == 0
+            assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0
+    finally:
+        pg.sql(f"DROP DATABASE {db}")
+        pg.sql(f"DROP ROLE {dash}")
 
 
 def test_drop_extension_leaves_nothing(pg):
