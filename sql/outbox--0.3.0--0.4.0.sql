@@ -474,6 +474,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	current_status text;
+	retried bigint;
 BEGIN
 	IF retry.event_id IS NULL THEN
 		RAISE EXCEPTION 'event_id must not be NULL'
@@ -496,13 +497,15 @@ BEGIN
 			USING ERRCODE = 'object_not_in_prerequisite_state',
 			      HINT = 'Only events in outbox.failed can be retried.';
 	END IF;
-	-- Only the failed row: should one event_id have two rows (two enqueues of one caller id
-	-- around a rotation, DESIGN.md "Retention"), the other keeps its attempts and retry time.
+	-- Only the failed rows: should one event_id have two rows (two enqueues of one caller id
+	-- around a rotation, DESIGN.md "Retention"), one that is not failed keeps its attempts and
+	-- retry time. Returns how many rows it put back (2 when both were failed).
 	UPDATE outbox.event_state s
 	SET status = 'pending', attempts = 0, next_attempt_at = NULL
 	WHERE s.event_id = retry.event_id AND s.status = 'failed';
+	GET DIAGNOSTICS retried = ROW_COUNT;
 	PERFORM outbox.wake_relay_at_commit();
-	RETURN 1;
+	RETURN retried;
 END
 $$;
 
@@ -637,7 +640,9 @@ REVOKE ALL ON FUNCTION outbox.ring_cursor_floor() FROM PUBLIC;
 -- session holds, or one a relay cursor has not passed, stays sealed round after round; once no
 -- member is free the current one is never sealed and grows. One row per member: overdue is a
 -- sealed member sealed longer than `older_than` ago that is still there (the retention would
--- have emptied it), kept_because why, as far as can be told without waiting: 'cursor of worker
+-- have emptied it), kept_because why, as far as can be told without waiting (with older_than
+-- NULL, no window: the retention is off, nothing is due, overdue and kept_because are NULL on
+-- every row): 'cursor of worker
 -- slot K (n_workers M) has not passed it' (or why no cursor passes anything, as
 -- truncate_ring_member reads them), 'locked by pid N' (the session that has held a lock on it
 -- longest: it stops the retention's ACCESS EXCLUSIVE lock), 'member K, sealed before it, is
@@ -652,7 +657,7 @@ CREATE FUNCTION outbox.ring_status(
 	OUT member smallint, OUT is_current boolean, OUT opened_at timestamptz, OUT sealed_at timestamptz,
 	OUT overdue boolean, OUT kept_because text)
 RETURNS SETOF record
-LANGUAGE plpgsql VOLATILE STRICT SECURITY DEFINER
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET lock_timeout = '100ms'
 AS $$
@@ -672,15 +677,22 @@ BEGIN
 			USING ERRCODE = 'invalid_parameter_value',
 			      HINT = 'Pass the retention window, e.g. interval ''7 days'' (outbox.ring_status uses outbox.retention).';
 	END IF;
-	-- Where every cursor has passed, or why nothing is passed (truncate_ring_member()'s reading).
-	SELECT * INTO cursor_floor FROM outbox.ring_cursor_floor();
+	-- Where every cursor has passed, or why nothing is passed (truncate_ring_member()'s reading);
+	-- not needed without a window.
+	IF older_than IS NOT NULL THEN
+		SELECT * INTO cursor_floor FROM outbox.ring_cursor_floor();
+	END IF;
 	FOR g IN SELECT r.member, r.is_current, r.opened_at, r.sealed_at FROM outbox.ring r
 	         ORDER BY r.sealed_at NULLS LAST, r.member LOOP
 		member := g.member;
 		is_current := g.is_current;
 		opened_at := g.opened_at;
 		sealed_at := g.sealed_at;
-		overdue := NOT g.is_current AND g.sealed_at IS NOT NULL AND g.sealed_at <= pg_catalog.now() - older_than;
+		-- No window (NULL: outbox.retention = 0, the relay never purges): nothing is due, so
+		-- nothing is overdue and no reason is asked for.
+		overdue := CASE WHEN older_than IS NULL THEN NULL
+		                ELSE NOT g.is_current AND g.sealed_at IS NOT NULL
+		                     AND g.sealed_at <= pg_catalog.now() - older_than END;
 		kept_because := NULL;
 		IF overdue THEN
 			rel := pg_catalog.to_regclass('outbox.events_' || g.member);
@@ -735,11 +747,11 @@ $$;
 
 CREATE VIEW outbox.ring_status AS
 SELECT s.member, s.is_current, s.opened_at, s.sealed_at, s.overdue, s.kept_because
-FROM outbox.ring_status(pg_catalog.current_setting('outbox.retention')::interval) s
+FROM outbox.ring_status(NULLIF(pg_catalog.current_setting('outbox.retention')::interval, interval '0')) s
 ORDER BY s.member;
 
 COMMENT ON VIEW outbox.ring_status IS
-	'The ring''s members: current, opened, sealed, overdue (sealed longer than outbox.retention ago and still kept) and why it is kept';
+	'The ring''s members: current, opened, sealed, overdue (sealed longer than outbox.retention ago and still kept) and why it is kept; with outbox.retention = 0 (the relay never purges) overdue and kept_because are NULL';
 
 REVOKE ALL ON FUNCTION outbox.ring_status(interval) FROM PUBLIC;
 REVOKE ALL ON TABLE outbox.ring_status FROM PUBLIC;
@@ -784,23 +796,20 @@ $$;
 -- ring_oldest_sealed_age_seconds (worker 0, which keeps the retention: the age of the oldest
 -- sealed member at its last round, 0 when none is sealed) and ring_retention_stalls (rounds that
 -- left a member sealed past the window, not emptied). A function's result columns cannot be
--- changed in place: the function and its view are made anew with the rights they had
--- (pg_monitor's and any an operator added), as 0.3.0 did.
+-- changed in place, and nothing is dropped (a view of a monitoring role's own on
+-- outbox.worker_metrics, or on the function, would stop the update with 2BP01): a new function,
+-- outbox.worker_metrics_v2(), has the full list, bound to the same C function (which fills as
+-- many columns as the result has), and the view is replaced over it, its columns appended at its
+-- end; the view keeps its rights, and the new function gets every EXECUTE right the old one had
+-- (pg_monitor's and any an operator added; a querying role needs it, as for the old one). The old
+-- function stays, with 0.3.0's columns and its rights.
 SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', coalesce(pg_catalog.jsonb_agg(g)::text, '[]'), true)
-FROM (SELECT 'FUNCTION ' || p.oid::pg_catalog.regprocedure::text AS object, a.privilege_type AS privilege,
+FROM (SELECT a.privilege_type AS privilege,
              CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee, a.is_grantable
       FROM pg_catalog.pg_proc p, LATERAL pg_catalog.aclexplode(p.proacl) a
-      WHERE p.oid = 'outbox.worker_metrics()'::pg_catalog.regprocedure AND a.grantee <> p.proowner
-      UNION ALL
-      SELECT 'TABLE ' || c.oid::pg_catalog.regclass::text, a.privilege_type,
-             CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END, a.is_grantable
-      FROM pg_catalog.pg_class c, LATERAL pg_catalog.aclexplode(c.relacl) a
-      WHERE c.oid = 'outbox.worker_metrics'::pg_catalog.regclass AND a.grantee <> c.relowner) g;
+      WHERE p.oid = 'outbox.worker_metrics()'::pg_catalog.regprocedure AND a.grantee NOT IN (p.proowner, 0)) g;
 
-DROP VIEW outbox.worker_metrics;
-DROP FUNCTION outbox.worker_metrics();
-
-CREATE FUNCTION outbox.worker_metrics(
+CREATE FUNCTION outbox.worker_metrics_v2(
 	OUT database text, OUT worker integer, OUT pid integer, OUT state text, OUT broker_state text,
 	OUT broker_up integer, OUT backing_off integer, OUT backoff_remaining_seconds double precision,
 	OUT started_at timestamptz,
@@ -820,21 +829,20 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'outbox_worker_metrics'
 LANGUAGE C VOLATILE STRICT;
 
-CREATE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics();
+REVOKE ALL ON FUNCTION outbox.worker_metrics_v2() FROM PUBLIC;
+
+CREATE OR REPLACE VIEW outbox.worker_metrics AS SELECT * FROM outbox.worker_metrics_v2();
 
 COMMENT ON VIEW outbox.worker_metrics IS
 	'Relay workers'' metrics since their start: events published, failed, retried, requeued, resent; batch size and publish, claim and record time histograms; broker and backoff state; the ring''s oldest sealed member and retention rounds that could not empty an overdue one';
-
-REVOKE ALL ON FUNCTION outbox.worker_metrics() FROM PUBLIC;
-REVOKE ALL ON TABLE outbox.worker_metrics FROM PUBLIC;
 
 DO $$
 DECLARE
 	g record;
 BEGIN
 	FOR g IN SELECT * FROM pg_catalog.jsonb_to_recordset(current_setting('outbox_upgrade.metrics_acl')::jsonb)
-	                       AS x(object text, privilege text, grantee text, is_grantable boolean) LOOP
-		EXECUTE format('GRANT %s ON %s TO %s%s', g.privilege, g.object, g.grantee,
+	                       AS x(privilege text, grantee text, is_grantable boolean) LOOP
+		EXECUTE format('GRANT %s ON FUNCTION outbox.worker_metrics_v2() TO %s%s', g.privilege, g.grantee,
 		               CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
 	END LOOP;
 END

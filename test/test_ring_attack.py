@@ -154,6 +154,22 @@ def test_retry_puts_back_only_the_failed_row_of_an_event_id(pg):
     pg.sql(f"DROP DATABASE {db}")
 
 
+def test_retry_returns_how_many_rows_of_an_event_id_it_put_back(pg):
+    """Two failed rows of one event_id (forged by hand, as two enqueues of one caller id around
+    a rotation can leave them): retry() puts both back and says 2, not 1."""
+    db = fresh_database(pg, "0.4.0")
+    event_id = str(uuid.uuid4())
+    empty_member_zero_with_one_failed_event(pg, db, event_id)
+    pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, created_at, order_lsn, "
+           "writer, status, attempts, next_attempt_at, last_error) "
+           "SELECT nextval('outbox.events_id_seq'), 1, event_id, topic, key, lane, payload, created_at, order_lsn, "
+           "writer, 'failed', 5, NULL, 'broker down' FROM outbox.event_state", dbname=db)
+    assert pg.value("SELECT outbox.retry(%s)", (event_id,), dbname=db) == 2
+    assert pg.sql("SELECT status, attempts FROM outbox.event_state ORDER BY id", dbname=db) == [
+        ("pending", 0), ("pending", 0)]
+    pg.sql(f"DROP DATABASE {db}")
+
+
 def test_a_row_by_hand_follows_a_rotation_under_repeatable_read(pg):
     """A REPEATABLE READ transaction whose snapshot predates a rotation writes into the member that
     is current now, as enqueue does, not into the one its snapshot shows current; and its rows by

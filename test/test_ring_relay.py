@@ -640,3 +640,44 @@ def test_a_member_a_slot_has_not_passed_is_reported_with_the_slot(mock_cluster, 
     wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied")
     wait_until(lambda: "the ring's retention empties its members again" in pg.log(), 60, "the all-clear")
     assert "ERROR" not in pg.log()
+
+
+@pytest.mark.parametrize("function", ["outbox.ring_status(interval)", "outbox.ring_retention(interval)"])
+def test_a_relay_role_without_the_retentions_functions_is_refused_and_says_which(mock_cluster, ring_relay,
+                                                                                 function):
+    """The retention round calls outbox.ring_retention() and reads outbox.ring_status(): without
+    EXECUTE on either the relay refuses (misconfigured, naming it), as for a missing table right,
+    instead of running rounds that fail and roll back; granted back, it runs again."""
+    pg = ring_relay(batch_size=50, retention="3s")
+    pg.sql(f"REVOKE EXECUTE ON FUNCTION {function} FROM outbox_relay")
+    name = function.split("(")[0]
+
+    def refused():
+        return [(w[2], w[5]) for w in pg.workers() if w[2] == "misconfigured" and name in (w[5] or "")]
+
+    wait_until(refused, 60, f"the relay refusing without EXECUTE on {name}")
+    pg.sql(f"GRANT EXECUTE ON FUNCTION {function} TO outbox_relay")
+    enqueue(pg, "orders", rows_for(30, 3))
+    pg.wait_published(30)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied by the relay")
+    assert pg.workers()[0][2] != "misconfigured"
+
+
+def test_a_failing_status_read_does_not_roll_the_retention_round_back(mock_cluster, ring_relay):
+    """The look at outbox.ring_status after a round runs in a step of its own, after the round's
+    commit: when it fails (a test seam, every time), the rounds still rotate and empty members."""
+    pg = ring_relay(batch_size=50, retention="3s")
+    holder = pg.connect()  # keeps events_0 from being emptied until the seam is armed
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT count(*) FROM outbox.events_0")
+        enqueue(pg, "orders", rows_for(30, 3))
+        pg.wait_published(30)  # (before the seam: a failed step backs the worker off)
+        pg.set(test_fail_step="ring_status:100000")
+        injected = "outbox test: injected failure of step ring_status"
+        wait_until(lambda: injected in pg.log(), 60, "the status read failing")
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied by the relay")
+    assert pg.value("SELECT member FROM outbox.ring WHERE is_current") != 0

@@ -500,6 +500,32 @@ def test_ring_status_says_what_keeps_a_sealed_member(pg):
     pg.sql(f"DROP DATABASE {db}")
 
 
+def test_ring_status_says_nothing_is_overdue_while_the_retention_is_off(pg):
+    """outbox.retention = 0: the relay never purges, so no member is overdue or kept for a reason;
+    the view passes NULL (not a window of 0) and shows every member with overdue and
+    kept_because NULL. outbox.ring_status(NULL) does the same."""
+    pg.sql("ALTER SYSTEM SET outbox.retention = 0")
+    pg.sql("SELECT pg_reload_conf()")
+    db = fresh_database(pg, "0.4.0")
+    try:
+        wait_until(lambda: pg.value("SELECT current_setting('outbox.retention')", dbname=db) == "0", 30,
+                   "outbox.retention = 0")
+        pg.sql("SELECT outbox.enqueue('t', 'k', 'x'::text)", dbname=db)
+        pg.sql("UPDATE outbox.ring SET opened_at = now() - interval '20 days' WHERE is_current", dbname=db)
+        pg.value("SELECT outbox.purge(interval '30 days')", dbname=db)  # seals events_0, kept for 30 days
+        assert pg.value("SELECT sealed_at IS NOT NULL FROM outbox.ring WHERE member = 0", dbname=db)
+        assert pg.sql("SELECT member, is_current, sealed_at IS NOT NULL, overdue, kept_because "
+                      "FROM outbox.ring_status", dbname=db) == [
+            (0, False, True, None, None), (1, True, False, None, None), (2, False, False, None, None),
+            (3, False, False, None, None)]
+        assert pg.sql("SELECT member, overdue, kept_because FROM outbox.ring_status(NULL) ORDER BY member",
+                      dbname=db) == [(m, None, None) for m in range(4)]
+    finally:
+        pg.sql("ALTER SYSTEM RESET outbox.retention")
+        pg.sql("SELECT pg_reload_conf()")
+        pg.sql(f"DROP DATABASE {db}")
+
+
 def test_ring_status_is_for_monitoring_roles_only(pg):
     db = fresh_database(pg, "0.4.0")
     pg.sql("SELECT outbox.enqueue('t', 'k', 'secret'::text)", dbname=db)
@@ -557,21 +583,42 @@ def test_ring_status_reads_on_a_hot_standby(pg, standbys):
     pg.sql(f"DROP DATABASE {db}")
 
 
-def test_update_makes_worker_metrics_anew_with_the_rings_columns_and_its_rights(pg):
+def test_update_gives_worker_metrics_the_rings_columns_and_keeps_its_rights_and_dependents(pg):
+    """The view gets the ring's columns at its end from a new function (the old one keeps 0.3.0's
+    result columns: a function's cannot change in place), with the same rights; nothing is
+    dropped, so a monitoring role's own view on outbox.worker_metrics does not stop the update."""
     db = fresh_database(pg)  # 0.3.0
+    dash = f"dash_{db}"
+    pg.sql(f"CREATE ROLE {dash} LOGIN")
+    pg.sql(f"GRANT pg_monitor TO {dash}")
     pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}; GRANT SELECT ON outbox.worker_metrics TO {READER}; "
-           f"GRANT EXECUTE ON FUNCTION outbox.worker_metrics() TO {READER}", dbname=db)
-    pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)
-    columns = [c for c, _ in pg.sql(VIEW_COLUMNS_SQL, ("outbox.worker_metrics",), dbname=db)]
-    assert columns[-3:] == ["events_resent", "ring_oldest_sealed_age_seconds", "ring_retention_stalls"]
-    for role in (READER, "pg_monitor"):
-        assert pg.value("SELECT has_table_privilege(%s, 'outbox.worker_metrics', 'SELECT') AND "
-                        "has_function_privilege(%s, 'outbox.worker_metrics()', 'EXECUTE')", (role, role), dbname=db)
-    assert not pg.value("SELECT has_table_privilege('public', 'outbox.worker_metrics', 'SELECT') OR "
-                        "has_function_privilege('public', 'outbox.worker_metrics()', 'EXECUTE')", dbname=db)
-    with connect(pg, db, user=READER) as c:
-        assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0  # no worker here
-    pg.sql(f"DROP DATABASE {db}")
+           f"GRANT EXECUTE ON FUNCTION outbox.worker_metrics() TO {READER}; "
+           f"CREATE SCHEMA {dash} AUTHORIZATION {dash}", dbname=db)
+    try:
+        with connect(pg, db, user=dash) as c:
+            c.execute(f"CREATE VIEW {dash}.relay_published AS "
+                      "SELECT worker, events_published FROM outbox.worker_metrics")
+        pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)
+        assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == "0.4.0"
+        columns = [c for c, _ in pg.sql(VIEW_COLUMNS_SQL, ("outbox.worker_metrics",), dbname=db)]
+        assert columns[-3:] == ["events_resent", "ring_oldest_sealed_age_seconds", "ring_retention_stalls"]
+        for role in (READER, "pg_monitor"):
+            assert pg.value("SELECT has_table_privilege(%s, 'outbox.worker_metrics', 'SELECT') AND "
+                            "has_function_privilege(%s, 'outbox.worker_metrics()', 'EXECUTE') AND "
+                            "has_function_privilege(%s, 'outbox.worker_metrics_v2()', 'EXECUTE')",
+                            (role, role, role), dbname=db)
+        assert not pg.value("SELECT has_table_privilege('public', 'outbox.worker_metrics', 'SELECT') OR "
+                            "has_function_privilege('public', 'outbox.worker_metrics()', 'EXECUTE') OR "
+                            "has_function_privilege('public', 'outbox.worker_metrics_v2()', 'EXECUTE')", dbname=db)
+        with connect(pg, db, user=READER) as c:
+            assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0  # no worker here
+            assert c.execute("SELECT count(*) FROM outbox.worker_metrics()").fetchone()[0] == 0  # 0.3.0's columns
+        with connect(pg, db, user=dash) as c:
+            assert c.execute(f"SELECT count(*) FROM {dash}.relay_published").fetchone()[0] == 0
+            assert c.execute("SELECT count(*) FROM outbox.worker_metrics").fetchone()[0] == 0
+    finally:
+        pg.sql(f"DROP DATABASE {db}")
+        pg.sql(f"DROP ROLE {dash}")
 
 
 def test_drop_extension_leaves_nothing(pg):

@@ -160,11 +160,15 @@ Statement purge_stmt = {kPurgeSql, 2, {INT4OID, INT8OID}, 0, nullptr};
 // Schema 0.4.0: one round of the ring's rotation and TRUNCATE (the script's outbox.ring_retention()).
 constexpr const char *kRingPurgeSql = "SELECT outbox.ring_retention(pg_catalog.make_interval(secs => $1))";
 Statement ring_purge_stmt = {kRingPurgeSql, 1, {INT4OID}, 0, nullptr};
-// Right after the round, in its transaction (the same now()): the oldest sealed member, the
-// oldest one sealed past the window that the round left (overdue) and why, and whether the
-// member after the current one is free (if not, the current member is never sealed: it grows).
+// Right after the round, in a step of its own (its ERROR cannot roll the round back): the oldest
+// sealed member, the oldest one sealed past the window that the round left (overdue) and why,
+// and whether the member after the current one is free (if not, the current member is never
+// sealed: it grows). The window is widened by the time since the round's now() ($2), so that
+// overdue means what it meant to the round: a member that became due since is not counted.
 constexpr const char *kRingStatusSql = R"SQL(
-WITH s AS MATERIALIZED (SELECT * FROM outbox.ring_status(pg_catalog.make_interval(secs => $1)))
+WITH s AS MATERIALIZED (
+  SELECT * FROM outbox.ring_status(pg_catalog.make_interval(secs => $1)
+                                   + GREATEST(pg_catalog.now() - $2, interval '0')))
 SELECT (SELECT pg_catalog.min(a.sealed_at) FROM s a WHERE a.sealed_at IS NOT NULL AND NOT a.is_current),
        k.member, k.sealed_at, k.kept_because,
        NOT EXISTS (SELECT FROM s c JOIN s n ON n.member = (c.member + 1) % 4
@@ -173,7 +177,7 @@ FROM (SELECT 1) one
 LEFT JOIN LATERAL (SELECT o.member, o.sealed_at, o.kept_because FROM s o WHERE o.overdue
                    ORDER BY o.sealed_at, o.member LIMIT 1) k ON true
 )SQL";
-Statement ring_status_stmt = {kRingStatusSql, 1, {INT4OID}, 0, nullptr};
+Statement ring_status_stmt = {kRingStatusSql, 2, {INT4OID, TIMESTAMPTZOID}, 0, nullptr};
 
 // Prepared once per worker and kept: the plan cache re-plans if the table is recreated.
 SPIPlanPtr
@@ -1105,7 +1109,19 @@ PurgeBatch(int retention_s, int batch_size, RingRetentionOutcome *ring) {
 		bool isnull;
 		Datum d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 		int64 n = isnull ? 0 : DatumGetInt64(d);
-		Execute("purge", ring_status_stmt, seconds, nullptr, SPI_OK_SELECT);
+		TimestampTz round_at = GetCurrentTransactionStartTimestamp(); // the round's now()
+		EndStep(); // the round is committed: nothing below can roll it back
+		// A round empties whole members: never "a full batch, go on" (batch_size is 0.3.0's).
+		n = Min(n, int64(batch_size) - 1);
+		if (BeginStep("outbox relay: ring status") != TableState::Ready) {
+			return n;
+		}
+		if (!step_ring) {
+			EndStep(); // updated away from the ring in between: nothing to tell
+			return n;
+		}
+		Datum status_values[2] = {seconds[0], TimestampTzGetDatum(round_at)};
+		Execute("ring_status", ring_status_stmt, status_values, nullptr, SPI_OK_SELECT);
 		HeapTuple row = SPI_tuptable->vals[0];
 		TupleDesc desc = SPI_tuptable->tupdesc;
 		ring->on_ring = true;
@@ -1123,8 +1139,7 @@ PurgeBatch(int retention_s, int batch_size, RingRetentionOutcome *ring) {
 		d = SPI_getbinval(row, desc, 5, &isnull);
 		ring->rotation_blocked = !isnull && DatumGetBool(d);
 		EndStep();
-		// A round empties whole members: never "a full batch, go on" (batch_size is 0.3.0's).
-		return Min(n, int64(batch_size) - 1);
+		return n;
 	}
 	Datum values[2] = {Int32GetDatum(retention_s), Int64GetDatum(int64(batch_size))};
 	Execute("purge", purge_stmt, values, nullptr, SPI_OK_DELETE);
@@ -1154,6 +1169,11 @@ ArrayOf(Datum *elems, int n, Oid type) {
 void
 CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e) {
 	outbox::CopyClaimedRow(tuple, desc, e);
+}
+
+bool
+CanExecute(Oid nsp, Oid role, const char *name, Oid *argtypes, int nargs) {
+	return outbox::CanExecute(nsp, role, name, argtypes, nargs);
 }
 
 bool

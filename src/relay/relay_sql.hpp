@@ -93,9 +93,9 @@ int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Del
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
 int64 MillisUntilNextRetry(const LaneSet &lanes);
 
-// What a retention round on the ring (schema 0.4.0) left behind, read in the round's own
-// transaction (the same now()) from outbox.ring_status. Plain data: the worker logs and counts
-// it after the step.
+// What a retention round on the ring (schema 0.4.0) left behind, read from outbox.ring_status in
+// a step of its own after the round's commit (its failure cannot roll the round back), as of the
+// round's now(). Plain data: the worker logs and counts it after the step.
 struct RingRetentionOutcome {
 	bool on_ring;                // the round ran on the ring (else nothing below is set)
 	TimestampTz oldest_sealed_at; // the oldest sealed member's seal, 0 when none is sealed

@@ -32,6 +32,8 @@ Datum ArrayOf(Datum *elems, int n, Oid type);
 void CopyClaimedRow(HeapTuple tuple, TupleDesc desc, ClaimedEvent &e);
 // Whether the step runs on the ring (schema 0.4.0): set by each BeginStep.
 bool OnRing();
+// Whether `role` may execute outbox's function name(argtypes), found in schema `nsp` directly.
+bool CanExecute(Oid nsp, Oid role, const char *name, Oid *argtypes, int nargs);
 
 } // namespace step
 

@@ -682,6 +682,20 @@ RingRightsProblem(Oid nsp, Oid role) {
 			                need.table);
 		}
 	}
+	// The retention round (worker 0, while outbox.retention is not 0) calls both; without them
+	// every round would fail and roll back, and the ring would never be emptied.
+	if (settings.retention_s > 0) {
+		Oid interval_arg[] = {INTERVALOID};
+		static const char *const functions[] = {"ring_retention", "ring_status"};
+		for (const char *function : functions) {
+			if (!step::CanExecute(nsp, role, function, interval_arg, lengthof(interval_arg))) {
+				return psprintf("lacks EXECUTE on outbox.%s(interval), which the ring's retention calls (EXECUTE on "
+				                "outbox.ring_retention(interval) and outbox.ring_status(interval): ALTER EXTENSION "
+				                "outbox UPDATE grants them; with outbox.retention = 0 neither is needed)",
+				                function);
+			}
+		}
+	}
 	return nullptr;
 }
 

@@ -15,7 +15,8 @@ constexpr int kHistograms = 4;
 // events_resent (0.3.0) comes after the histograms; a 0.2.0 schema's view, between a library
 // update and ALTER EXTENSION UPDATE, has every column but it.
 constexpr int kResentColumn = kFixedColumns + 4 * kHistograms;
-// The ring's retention (0.4.0, after events_resent): a 0.3.0 view has every column but these two.
+// The ring's retention (0.4.0, after events_resent; outbox.worker_metrics_v2()): 0.3.0's
+// outbox.worker_metrics(), which 0.4.0 keeps, has every column but these two.
 constexpr int kRingSealedAgeColumn = kResentColumn + 1;
 constexpr int kRingStallsColumn = kResentColumn + 2;
 constexpr int kColumns = kRingStallsColumn + 1;
