@@ -377,6 +377,7 @@ class Bench:
             res["statements_profile"] = common.statement_profile(db, common.PREVIEW_DB)
             res["worker_metrics"] = [dict(zip(("worker", "state", "published", "last_error"), r[:1] + r[2:]))
                                      for r in common.preview_workers(db)]
+            res.update(common.preview_phases(db))
             landed_ids, distinct_ids, t_end = common.preview_landed(db)
             res.update({"published": distinct_ids, "landed_ids": landed_ids, "landed_distinct_ids": distinct_ids,
                         "landed_rows": int(pdb.value("SELECT count(*) FROM outbox.landed")),
@@ -395,6 +396,10 @@ class Bench:
         prof = res["statements_profile"][:3]
         log("    preview SQL by total time: " + "; ".join(f"{p['calls']} x {p['mean_ms']} ms: {p['query'][:70]}"
                                                           for p in prof))
+        log("    preview worker phases: " + ", ".join(f"{k} {v['count']} x {1000 * v['seconds'] / max(v['count'], 1):.0f} ms"
+                                                     for k, v in res["phases"].items())
+            + f"; {len(res['record_statements'])} record statements over "
+              f"{res['record_statements'][-1][0] if res['record_statements'] else 0:.0f} ms")
         return res
 
     def floor_drain(self, res, mode, dataset, n, topics, label):
@@ -797,6 +802,15 @@ class Bench:
         # TRUNCATE is the retention's only, so a run cannot empty them), relay off there too.
         for variant in ("outbox_040", "plain_040"):
             files[variant] = files[variant.split("_")[0]]
+        # Diagnostic: the same row INSERTed straight into the preview's current ring member
+        # (outbox.events_0 in a new database: its stamp trigger, CHECK and two indexes), to tell
+        # the cost of the member from the cost of the function.
+        scripts["shape_040"] = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) VALUES "
+                                f"(gen_random_uuid(), 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
+                                f"convert_to((({payload})::jsonb)::text, 'UTF8'));")
+        files["shape_040"] = tmp / "shape_040.sql"
+        files["shape_040"].write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
+                                      f"BEGIN;\n{business}\n{scripts['shape_040']}\nEND;\n")
         preview_reason = common.preview_available(db)
         if not preview_reason:
             try:
@@ -808,7 +822,7 @@ class Bench:
         env = dict(os.environ, PGOPTIONS="-c pg_stat_statements.track=none")
         out = []
         try:
-            variants = ["plain", "outbox", "shape"] + ([] if preview_reason else ["outbox_040", "plain_040"])
+            variants = ["plain", "outbox", "shape"] + ([] if preview_reason else ["outbox_040", "plain_040", "shape_040"])
             for r in range(self.runs):
                 for clients in s["pgbench_clients"]:
                     # Each run starts with another variant, so that no variant always runs first
@@ -850,13 +864,27 @@ class Bench:
                                      "shape_overhead_pct": round(100 * (1 - shape / plain), 1)}
             log(f"  enqueue overhead, {clients} client(s): {summary[str(clients)]['overhead_pct']}% "
                 f"({ob:.0f} vs {plain:.0f} tps)")
+
+            def per_run(variant, base):
+                """The overhead within each run (the variants of a run are minutes apart, runs
+                further): a noisy spell on a shared machine moves a run's pair together."""
+                out_ = []
+                for r in range(self.runs):
+                    d = {x["variant"]: x["tps"] for x in out if x["clients"] == clients and x["run"] == r}
+                    if d.get(variant) and d.get(base):
+                        out_.append(round(100 * (1 - d[variant] / d[base]), 1))
+                return out_
+            summary[str(clients)]["overhead_pct_per_run"] = per_run("outbox", "plain")
             if not preview_reason:
-                ob4, plain4 = tps("outbox_040"), tps("plain_040")
+                ob4, plain4, shape4 = tps("outbox_040"), tps("plain_040"), tps("shape_040")
                 # The preview's overhead: against the plain INSERT in its own database (the
                 # target's), and against the one in "postgres" (the 0.3.0 cell's baseline).
                 summary[str(clients)].update({
-                    "outbox_040_tps": ob4, "plain_040_tps": plain4,
+                    "outbox_040_tps": ob4, "plain_040_tps": plain4, "shape_040_tps": shape4,
                     "overhead_040_pct": round(100 * (1 - ob4 / plain4), 1),
+                    "shape_040_overhead_pct": round(100 * (1 - shape4 / plain4), 1),
+                    "overhead_040_pct_per_run": per_run("outbox_040", "plain_040"),
+                    "shape_040_overhead_pct_per_run": per_run("shape_040", "plain_040"),
                     "overhead_040_vs_plain_pct": round(100 * (1 - ob4 / plain), 1)})
                 log(f"  enqueue overhead, {PREVIEW_LABEL}, {clients} client(s): "
                     f"{summary[str(clients)]['overhead_040_pct']}% ({ob4:.0f} vs {plain4:.0f} tps in its database; "

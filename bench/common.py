@@ -321,6 +321,22 @@ def preview_landed(db, dbname=PREVIEW_DB):
     return int(row[0]), int(row[1]), float(row[2]) if row[2] is not None else None
 
 
+def preview_phases(db, dbname=PREVIEW_DB):
+    """Where the preview's worker spent its batches (outbox.worker_metrics, since the worker
+    started: a new database per run, so per run): claim, publish (produce to the last report) and
+    record, each {count, seconds}; plus the landed rows' statement times (one per record
+    statement: the early records during a publish and the final one), as offsets from the first."""
+    row = db.pg.sql("SELECT sum(claim_seconds_count), sum(claim_seconds_sum), sum(publish_seconds_count), "
+                    "sum(publish_seconds_sum), sum(record_seconds_count), sum(record_seconds_sum) "
+                    "FROM outbox.worker_metrics", dbname=dbname)[0]
+    phases = {name: {"count": int(row[2 * i] or 0), "seconds": round(float(row[2 * i + 1] or 0), 3)}
+              for i, name in enumerate(("claim", "publish", "record"))}
+    steps = db.pg.sql("SELECT extract(epoch FROM published_at - min(published_at) OVER ()) * 1000, n FROM "
+                      "(SELECT published_at, sum(cardinality(ids)) AS n FROM outbox.landed GROUP BY 1) g ORDER BY 1",
+                      dbname=dbname)
+    return {"phases": phases, "record_statements": [(round(float(t), 1), int(n)) for t, n in steps]}
+
+
 def statement_profile(db, dbname, top=8):
     """The statements run in `dbname` since the last pg_stat_statements_reset(), by total time:
     the preview relay's per-batch SQL profile (calls, mean and total ms, rows)."""

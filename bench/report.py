@@ -15,6 +15,11 @@ BURSTS = {"burst_4topic": "Burst, 4 topics, no ANALYZE", "burst_1topic": "Burst,
 DRAINS = {**BURSTS, "drain": "Backlog drain (ANALYZEd)", "hot_keys": "Hot keys (ANALYZEd)"}
 
 
+def _per_run(xs):
+    """The overhead within each run (diagnostic beside the ratio of the medians)."""
+    return ("; within each run: " + ", ".join(f"{x:.1f}%" for x in xs)) if xs else ""
+
+
 def _sum(xs):
     return sum(x for x in xs if x is not None)
 
@@ -181,13 +186,14 @@ def summarize(results):
                    row["p99_ms"] <= rtt + 15, f"max {row['max_ms_worst']:.1f} ms", runs=row["runs"])
     for clients, row in (summary.get("enqueue_overhead") or {}).items():
         target(f"enqueue overhead, {clients} client(s)", "<= 10%", f"{row['overhead_pct']:.1f}%",
-               row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps",
-               runs=row.get("runs"))
+               row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps"
+               + _per_run(row.get("overhead_pct_per_run")), runs=row.get("runs"))
         if row.get("overhead_040_pct") is not None:
             target(f"enqueue overhead, {clients} client(s), 0.4.0 preview", "<= 10%",
                    f"{row['overhead_040_pct']:.1f}%", row["overhead_040_pct"] <= 10,
                    f"{row['outbox_040_tps']:.0f} vs {row['plain_040_tps']:.0f} tps (plain INSERT in the preview's "
-                   f"database; vs the one in postgres: {row['overhead_040_vs_plain_pct']:.1f}%)", runs=row.get("runs"))
+                   f"database; vs the one in postgres: {row['overhead_040_vs_plain_pct']:.1f}%)"
+                   + _per_run(row.get("overhead_040_pct_per_run")), runs=row.get("runs"))
     if mem and mem.get("memory"):
         m = mem["memory"]
         n_mem = len(mem.get("runs") or [mem])
@@ -293,14 +299,17 @@ def headline_rows(s):
 
 ENQUEUE_HEADERS = ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",
                    "diag.: INSERT + INSERT into a copy of outbox.events", "its overhead",
-                   "0.4.0 preview db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.0)", "0.4.0 overhead"]
+                   "0.4.0 preview db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.0)", "0.4.0 overhead",
+                   "diag.: INSERT + INSERT into the 0.4.0 ring member", "its overhead"]
 
 
 def enqueue_rows(s):
     return [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%",
              _fmt(r.get("shape_tps")), f"{r.get('shape_overhead_pct', 0):.1f}%",
              _fmt(r.get("plain_040_tps")), _fmt(r.get("outbox_040_tps")),
-             f"{r['overhead_040_pct']:.1f}%" if r.get("overhead_040_pct") is not None else "-"]
+             f"{r['overhead_040_pct']:.1f}%" if r.get("overhead_040_pct") is not None else "-",
+             _fmt(r.get("shape_040_tps")),
+             f"{r['shape_040_overhead_pct']:.1f}%" if r.get("shape_040_overhead_pct") is not None else "-"]
             for c, r in s["enqueue_overhead"].items()]
 
 
