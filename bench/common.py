@@ -241,7 +241,7 @@ def preview_available(db):
         installed = ", ".join(v for (v,) in db.sql(
             "SELECT version FROM pg_available_extension_versions WHERE name = 'outbox' ORDER BY version"))
         return (f"the installed extension has no {PREVIEW} script (versions available: {installed}); "
-                f"the preview is built on branches s12-b (schema) and s12-d (relay)")
+                f"install one built from a tree with sql/outbox--0.3.0--0.4.0.sql")
     return None
 
 
