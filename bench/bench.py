@@ -45,7 +45,9 @@ BURST_SHAPES = {"burst_4topic_3x6": (6, "ds_burst_1024", 1024)}
 # burst_4topic_1broker: burst_4topic's topics, partitions and keys with every partition on ONE
 # broker (each batch's produce requests go to one leader).
 BURST_BROKERS = {"burst_4topic_1broker": 1}
-BURST_SYSTEMS = ["outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
+# outbox_040: the 0.4.0 preview's relay (CREATE EXTENSION outbox VERSION '0.4.0' in a database of
+# its own, common.PREVIEW_DB) on the same data set; skipped with the reason when it cannot run.
+BURST_SYSTEMS = ["outbox", "outbox_040", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
 
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
 # 2-core machine) forces a scale-down; RESULTS.md lists each one and why.
@@ -84,6 +86,8 @@ QUICK = {
     "wal_preview_deadline_s": 60,
 }
 
+PREVIEW_LABEL = f"outbox {common.PREVIEW} preview"
+
 # The design-independent floors (sql_floor.py): system -> bench.floor_claim mode.
 FLOOR_SYSTEMS = {"floor_" + mode: mode for mode in sql_floor.FLOOR_MODES}
 
@@ -107,7 +111,9 @@ class Bench:
         self.runs = args.runs if args.runs else (1 if args.quick else 3)
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.results = {"meta": {}, "config": self.sizes, "flushbench": None, "workloads": {}, "errors": []}
+        self.results = {"meta": {}, "config": self.sizes, "flushbench": None, "workloads": {}, "errors": [],
+                        "skipped": {}}  # workload -> {system: why it was not measured}
+        self.preview_reason = None  # why the 0.4.0 preview cannot run here (checked once), or None
         self.db = None
         self.mock = None
         self.seed_index = False
@@ -194,6 +200,8 @@ class Bench:
         load's transaction (the burst workloads load without)."""
         db = self.db
         seen_drained = None
+        if system == "outbox_040":
+            return self.preview_drain(workers, rtt, dataset, n, label, topics, partitions)
         self.prepare(system, workers, rtt)
         if topics:
             topic = [self.mock.new_topic(f"{label}-{t}", partitions) for t in topics]
@@ -311,6 +319,89 @@ class Bench:
         return int(self.db.value("SELECT analyze_count + autoanalyze_count FROM pg_stat_user_tables "
                                  "WHERE relid = 'outbox.events'::regclass"))
 
+    def skip(self, workload, system, reason):
+        """A cell that cannot run here: the reason printed once and kept (results "skipped")."""
+        if system not in self.results["skipped"].setdefault(workload, {}):
+            log(f"  {workload} {system} skipped: {reason}")
+        self.results["skipped"][workload][system] = reason
+        self.save()
+
+    def preview_drain(self, workers, rtt, dataset, n, label, topics, partitions):
+        """drain() for the 0.4.0 preview: a database of its own (common.preview_database) with the
+        data set copied in, the 0.3.0 relay of "postgres" paused, the preview's relay running and
+        idle at the same settings; the same load (one transaction, no ANALYZE, autovacuum off for
+        the schema's tables), drained at once. Published = named by outbox.landed (the contract's
+        definition); rate = n / (the last landed row's published_at - commit of the load); the
+        delivery is read back from Kafka and checked against the preview's outbox.events view
+        (lost, duplicates, per-key order, unpublished rows) and the landed ids (each once)."""
+        db = self.db
+        if self.preview_reason:
+            raise common.Skipped(self.preview_reason)
+        self.mock.set_rtt(rtt)
+        db.reset_outbox()
+        self.seed_index_on(False)
+        self.tuned_index_on(False)
+        db.configure(workers, self.mock.bootstrap, {"jit": "on", "track_commit_timestamp": "off"})
+        pdb = common.Database(db, common.PREVIEW_DB)
+        try:
+            common.relay_paused(db, True)  # the 0.3.0 relay of "postgres": nothing to do, but off
+            common.preview_database(db)
+            common.copy_table(db, dataset, common.PREVIEW_DB)
+            tables = [t for (t,) in pdb.sql("SELECT quote_ident(schemaname) || '.' || quote_ident(relname) "
+                                            "FROM pg_stat_user_tables WHERE schemaname = 'outbox'")]
+            for t in tables:
+                pdb.sql(f"ALTER TABLE {t} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
+            common.preview_relay_ready(db, workers)
+            topic = [self.mock.new_topic(f"{label}-{t}", partitions) for t in topics]
+            res = {"system": "outbox_040", "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
+                   "partitions": partitions, "brokers": self.mock.brokers, "window_s": None, "tailing_reader": False,
+                   "topics": len(topics), "analyze": False, "database": common.PREVIEW_DB,
+                   "extversion": pdb.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'")}
+            analyzed = "SELECT coalesce(sum(analyze_count + autoanalyze_count), 0) FROM pg_stat_user_tables " \
+                       "WHERE schemaname = 'outbox'"
+            analyzed_before = int(pdb.value(analyzed))
+            db.sql("SELECT pg_stat_statements_reset()")
+            t0 = load(pdb, dataset, n, topic, analyze=False)
+            timeout = max(300, n / 200)
+            with pdb.connect() as mon:
+                deadline = time.monotonic() + timeout
+                while True:
+                    done = int(mon.execute("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox.landed").fetchone()[0])
+                    if done >= n:
+                        break
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{label}: {done} of {n} named by outbox.landed after {timeout:.0f} s; "
+                                           f"outbox.workers: {common.preview_workers(db)}")
+                    time.sleep(0.05)
+            seen_drained = time.time()
+            res["statements_profile"] = common.statement_profile(db, common.PREVIEW_DB)
+            res["worker_metrics"] = [dict(zip(("worker", "state", "published", "last_error"), r[:1] + r[2:]))
+                                     for r in common.preview_workers(db)]
+            res.update(common.preview_phases(db))
+            landed_ids, distinct_ids, t_end = common.preview_landed(db)
+            res.update({"published": distinct_ids, "landed_ids": landed_ids, "landed_distinct_ids": distinct_ids,
+                        "landed_rows": int(pdb.value("SELECT count(*) FROM outbox.landed")),
+                        "analyzed_during_run": int(pdb.value(analyzed)) - analyzed_before,
+                        "seconds": round(t_end - t0, 3), "rate": round(n / (t_end - t0), 1),
+                        "seconds_observed": round(seen_drained - t0, 3),
+                        "rate_observed": round(n / (seen_drained - t0), 1)})
+            if landed_ids != distinct_ids or distinct_ids != n:
+                raise RuntimeError(f"{label}: outbox.landed names {landed_ids} ids, {distinct_ids} distinct, "
+                                   f"for {n} events")
+            res["verify"] = verify(pdb, self.mock, topic)
+        finally:
+            db.sql(f'DROP DATABASE IF EXISTS "{common.PREVIEW_DB}" WITH (FORCE)')
+            common.relay_paused(db, False)
+        self.log_drain(label, res)
+        prof = res["statements_profile"][:3]
+        log("    preview SQL by total time: " + "; ".join(f"{p['calls']} x {p['mean_ms']} ms: {p['query'][:70]}"
+                                                          for p in prof))
+        log("    preview worker phases: " + ", ".join(f"{k} {v['count']} x {1000 * v['seconds'] / max(v['count'], 1):.0f} ms"
+                                                     for k, v in res["phases"].items())
+            + f"; {len(res['record_statements'])} record statements over "
+              f"{res['record_statements'][-1][0] if res['record_statements'] else 0:.0f} ms")
+        return res
+
     def floor_drain(self, res, mode, dataset, n, topics, label):
         """A design-independent SQL floor (sql_floor.py): the same events loaded into
         bench.floor_events in one transaction (no ANALYZE: the table is new, autovacuum off for
@@ -394,14 +485,25 @@ class Bench:
                         if system in FLOOR_SYSTEMS and rt != s["burst_drain_rtts_ms"][0]:
                             continue  # the floors send nothing: RTT is moot
                         cells.append((r, system, w, 0 if system in FLOOR_SYSTEMS else rt))
+        if any(c[1] == "outbox_040" for c in cells) and self.preview_reason is None:
+            self.preview_reason = common.preview_available(db) or ""
         db.sql("ALTER TABLE outbox.events SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
         try:
             for r, system, w, rt in cells:
+                if system in self.results["skipped"].get(name, {}):
+                    continue
                 label = f"{name.replace('_', '-')}-{system.replace('_', '-')}-w{w}-rtt{rt}-r{r}"
                 # Statistics an earlier workload's ANALYZE left (TRUNCATE keeps them).
                 db.sql("DELETE FROM pg_statistic WHERE starelid = 'outbox.events'::regclass")
-                res = self.cell(label, lambda: self.drain(system, w, rt, dataset, s["burst_drain_events"], label,
-                                                          topics=topics, analyze=False, partitions=partitions))
+
+                def one():
+                    try:
+                        return self.drain(system, w, rt, dataset, s["burst_drain_events"], label,
+                                          topics=topics, analyze=False, partitions=partitions)
+                    except common.Skipped as e:
+                        self.skip(name, system, str(e))
+                        return None
+                res = self.cell(label, one)
                 if res is None:
                     continue
                 res["run"] = r
@@ -665,11 +767,13 @@ class Bench:
         db = self.db
         self.prepare("floor", 0, s["rtt_ms"])  # relay off
         db.sql("DROP TABLE IF EXISTS bench.invoices, bench.plain_events, bench.events_shape")
-        db.sql("CREATE TABLE bench.invoices (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
-               "subscription_id bigint NOT NULL, amount_cents int NOT NULL, status text NOT NULL, "
-               "paid_at timestamptz NOT NULL DEFAULT now())")
-        db.sql("CREATE TABLE bench.plain_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
-               "topic text NOT NULL, key text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
+        tables_sql = ("CREATE TABLE bench.invoices (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                      "subscription_id bigint NOT NULL, amount_cents int NOT NULL, status text NOT NULL, "
+                      "paid_at timestamptz NOT NULL DEFAULT now())",
+                      "CREATE TABLE bench.plain_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+                      "topic text NOT NULL, key text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
+        for q in tables_sql:
+            db.sql(q)
         # Diagnostic: a plain INSERT into a table of outbox.events' shape (columns, constraints,
         # all four indexes), to tell the cost of the table from the cost of the function.
         db.sql("CREATE TABLE bench.events_shape (LIKE outbox.events INCLUDING ALL)")
@@ -692,20 +796,47 @@ class Bench:
             p.write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
                          f"BEGIN;\n{business}\n{second}\nEND;\n")
             files[name] = p
+        # The 0.4.0 preview (common.PREVIEW): outbox_040 = the same business INSERT + enqueue in a
+        # database of its own with CREATE EXTENSION outbox VERSION '0.4.0', beside plain_040, the
+        # same plain INSERT in that database; both on a new such database each run (the members'
+        # TRUNCATE is the retention's only, so a run cannot empty them), relay off there too.
+        for variant in ("outbox_040", "plain_040"):
+            files[variant] = files[variant.split("_")[0]]
+        # Diagnostic: the same row INSERTed straight into the preview's current ring member
+        # (outbox.events_0 in a new database: its stamp trigger, CHECK and two indexes), to tell
+        # the cost of the member from the cost of the function.
+        scripts["shape_040"] = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) VALUES "
+                                f"(gen_random_uuid(), 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
+                                f"convert_to((({payload})::jsonb)::text, 'UTF8'));")
+        files["shape_040"] = tmp / "shape_040.sql"
+        files["shape_040"].write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
+                                      f"BEGIN;\n{business}\n{scripts['shape_040']}\nEND;\n")
+        preview_reason = common.preview_available(db)
+        if not preview_reason:
+            try:
+                self.enqueue_preview_database(tables_sql)
+            except common.Skipped as e:
+                preview_reason = str(e)
+        if preview_reason:
+            self.skip("enqueue_overhead", "outbox_040", preview_reason)
         env = dict(os.environ, PGOPTIONS="-c pg_stat_statements.track=none")
         out = []
         try:
-            variants = ["plain", "outbox", "shape"]
+            variants = ["plain", "outbox", "shape"] + ([] if preview_reason else ["outbox_040", "plain_040", "shape_040"])
             for r in range(self.runs):
                 for clients in s["pgbench_clients"]:
                     # Each run starts with another variant, so that no variant always runs first
                     # after the CHECKPOINT or last in a noisy spell.
-                    for variant in variants[r % 3:] + variants[:r % 3]:
-                        db.sql("TRUNCATE bench.invoices, bench.plain_events, bench.events_shape, outbox.events")
+                    for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
+                        if variant.endswith("_040"):
+                            self.enqueue_preview_database(tables_sql)
+                        else:
+                            db.sql("TRUNCATE bench.invoices, bench.plain_events, bench.events_shape, outbox.events")
                         db.sql("CHECKPOINT")
                         cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
                                "-T", str(s["pgbench_seconds"]), "-h", db.pg.tmp, "-p", str(db.pg.port),
-                               "-U", "postgres", "-f", str(files[variant]), "postgres"]
+                               "-U", "postgres", "-f", str(files[variant]),
+                               common.PREVIEW_DB if variant.endswith("_040") else "postgres"]
                         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
                         if p.returncode != 0:
                             raise RuntimeError(f"pgbench failed: {p.stderr[-2000:]}")
@@ -722,22 +853,59 @@ class Bench:
                         self.save()
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            db.sql(f'DROP DATABASE IF EXISTS "{common.PREVIEW_DB}" WITH (FORCE)')
         summary = {}
         for clients in s["pgbench_clients"]:
-            plain = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "plain"])
-            ob = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "outbox"])
-            shape = median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == "shape"])
+            def tps(variant):
+                return median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == variant])
+            plain, ob, shape = tps("plain"), tps("outbox"), tps("shape")
             summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob, "shape_tps": shape, "runs": self.runs,
                                      "overhead_pct": round(100 * (1 - ob / plain), 1),
                                      "shape_overhead_pct": round(100 * (1 - shape / plain), 1)}
             log(f"  enqueue overhead, {clients} client(s): {summary[str(clients)]['overhead_pct']}% "
                 f"({ob:.0f} vs {plain:.0f} tps)")
+
+            def per_run(variant, base):
+                """The overhead within each run (the variants of a run are minutes apart, runs
+                further): a noisy spell on a shared machine moves a run's pair together."""
+                out_ = []
+                for r in range(self.runs):
+                    d = {x["variant"]: x["tps"] for x in out if x["clients"] == clients and x["run"] == r}
+                    if d.get(variant) and d.get(base):
+                        out_.append(round(100 * (1 - d[variant] / d[base]), 1))
+                return out_
+            summary[str(clients)]["overhead_pct_per_run"] = per_run("outbox", "plain")
+            if not preview_reason:
+                ob4, plain4, shape4 = tps("outbox_040"), tps("plain_040"), tps("shape_040")
+                # The preview's overhead: against the plain INSERT in its own database (the
+                # target's), and against the one in "postgres" (the 0.3.0 cell's baseline).
+                summary[str(clients)].update({
+                    "outbox_040_tps": ob4, "plain_040_tps": plain4, "shape_040_tps": shape4,
+                    "overhead_040_pct": round(100 * (1 - ob4 / plain4), 1),
+                    "shape_040_overhead_pct": round(100 * (1 - shape4 / plain4), 1),
+                    "overhead_040_pct_per_run": per_run("outbox_040", "plain_040"),
+                    "shape_040_overhead_pct_per_run": per_run("shape_040", "plain_040"),
+                    "overhead_040_vs_plain_pct": round(100 * (1 - ob4 / plain), 1)})
+                log(f"  enqueue overhead, {PREVIEW_LABEL}, {clients} client(s): "
+                    f"{summary[str(clients)]['overhead_040_pct']}% ({ob4:.0f} vs {plain4:.0f} tps in its database; "
+                    f"{summary[str(clients)]['overhead_040_vs_plain_pct']}% vs the plain INSERT in postgres)")
         res = {"runs": out, "summary": summary}
+        if preview_reason:
+            res["skipped"] = {"outbox_040": preview_reason}
         res["scripts"] = {k: ("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
                               f"BEGIN;\n{business}\n{v}\nEND;\n") for k, v in scripts.items()}
         self.results["workloads"]["enqueue_overhead"] = res
         self.save()
         return res
+
+    def enqueue_preview_database(self, tables_sql):
+        """A new preview database (common.preview_database: relay off there) with the business
+        table and the plain INSERT's table."""
+        common.preview_database(self.db)
+        pdb = common.Database(self.db, common.PREVIEW_DB)
+        pdb.sql("CREATE SCHEMA bench")
+        for q in tables_sql:
+            pdb.sql(q)
 
     def w_memory(self):
         """Worker memory while draining a large backlog (one worker, RTT 5 ms), sampled every

@@ -186,6 +186,171 @@ class Postgres:
 
 
 # --------------------------------------------------------------------------------------------
+# The 0.4.0 preview (CREATE EXTENSION outbox VERSION '0.4.0' in a database of its own; the
+# default version stays 0.3.0): shared by wal_cost.py and bench.py's enqueue_overhead and burst
+# cells. A cell that cannot run on it is skipped with the reason printed and recorded, never faked.
+# --------------------------------------------------------------------------------------------
+
+PREVIEW = "0.4.0"
+PREVIEW_DB = "bench_preview"
+# The 0.4.0 tables of the contract (the counts sum over every table of schema outbox anyway).
+PREVIEW_TABLES = ("outbox.events_0", "outbox.events_1", "outbox.events_2", "outbox.events_3", "outbox.landed",
+                  "outbox.event_state", "outbox.cursors")
+
+
+class Skipped(Exception):
+    """A cell that cannot be measured here (the reason is printed and recorded, nothing faked)."""
+
+
+class Database:
+    """One database of the bench's cluster with the Postgres helpers' interface (sql, value,
+    connect, pg), so that load(), expected_order() and verify() run on it as on "postgres"."""
+
+    def __init__(self, db, dbname):
+        self.db = db
+        self.pg = db.pg
+        self.dbname = dbname
+
+    def connect(self, autocommit=True):
+        return self.pg.connect(self.dbname, autocommit=autocommit)
+
+    def sql(self, query, params=None):
+        return self.pg.sql(query, params, dbname=self.dbname)
+
+    def value(self, query, params=None):
+        return self.pg.value(query, params, dbname=self.dbname)
+
+
+def relay_paused(db, paused, dbname="postgres", n_workers=None):
+    """The database's relay workers off (paused) or back at the server's outbox.workers; the
+    launcher applies a per-database count without a restart (no checkpoint in between)."""
+    if paused:
+        db.sql(f'ALTER DATABASE "{dbname}" SET outbox.workers = 0')
+        wait_until(lambda: not any(r[1] for r in db.pg.sql(
+            "SELECT worker, pid FROM outbox.workers", dbname=dbname)), 60, f"relay workers of {dbname} stopped")
+    else:
+        db.sql(f'ALTER DATABASE "{dbname}" RESET outbox.workers')
+        if dbname == "postgres":
+            db.pg.wait_workers_running(db.workers, timeout=60)
+
+
+def preview_available(db):
+    """None when CREATE EXTENSION outbox VERSION '0.4.0' can be tried, else why not."""
+    if not db.value("SELECT count(*) FROM pg_available_extension_versions WHERE name = 'outbox' AND version = %s",
+                    (PREVIEW,)):
+        installed = ", ".join(v for (v,) in db.sql(
+            "SELECT version FROM pg_available_extension_versions WHERE name = 'outbox' ORDER BY version"))
+        return (f"the installed extension has no {PREVIEW} script (versions available: {installed}); "
+                f"install one built from a tree with sql/outbox--0.3.0--0.4.0.sql")
+    return None
+
+
+def preview_published(db):
+    """Events the 0.4.0 relay published: ids named by outbox.landed (the contract's definition:
+    published when a landed row names it)."""
+    return int(db.pg.value("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox.landed", dbname=PREVIEW_DB))
+
+
+def preview_database(db):
+    """A database of its own with CREATE EXTENSION outbox VERSION '0.4.0' and its relay paused
+    (outbox.workers = 0 for it before the extension exists, so no worker starts at the commit)."""
+    db.sql(f'DROP DATABASE IF EXISTS "{PREVIEW_DB}" WITH (FORCE)')
+    db.sql(f'CREATE DATABASE "{PREVIEW_DB}"')
+    db.sql(f'ALTER DATABASE "{PREVIEW_DB}" SET outbox.workers = 0')
+    try:
+        db.pg.sql(f"CREATE EXTENSION outbox VERSION '{PREVIEW}'", dbname=PREVIEW_DB)
+    except Exception as e:
+        raise Skipped(f"CREATE EXTENSION outbox VERSION '{PREVIEW}' failed: {str(e).strip()[:300]}")
+    version = db.pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=PREVIEW_DB)
+    missing = [t for t in PREVIEW_TABLES if not db.pg.value("SELECT to_regclass(%s) IS NOT NULL", (t,),
+                                                            dbname=PREVIEW_DB)]
+    if version != PREVIEW or missing:
+        raise Skipped(f"the {PREVIEW} schema is not the contract's (extversion {version}, missing {missing})")
+    # A new database's catalogs get their hint bits set at their first reads (full-page images
+    # after the checkpoint): done here, before it, as the other shapes' long-used database has.
+    db.pg.sql("VACUUM", dbname=PREVIEW_DB)
+
+
+def copy_table(db, table, dbname):
+    """bench.<table> of the "postgres" database copied into `dbname` (same columns and types,
+    binary COPY), with a unique index on n and VACUUM ANALYZE: the burst data sets, so that the
+    preview drains the same events (ids, keys, payload bytes) as the other relays."""
+    cols = db.sql("SELECT quote_ident(attname), format_type(atttypid, atttypmod) FROM pg_attribute "
+                  "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                  (f"bench.{table}",))
+    target = Database(db, dbname)
+    target.sql("CREATE SCHEMA IF NOT EXISTS bench")
+    target.sql(f"DROP TABLE IF EXISTS bench.{table}")
+    target.sql(f"CREATE TABLE bench.{table} (" + ", ".join(f"{c} {t}" for c, t in cols) + ")")
+    with db.connect() as src, target.connect() as dst:
+        with src.cursor().copy(f"COPY bench.{table} TO STDOUT (FORMAT binary)") as cin, \
+                dst.cursor().copy(f"COPY bench.{table} FROM STDIN (FORMAT binary)") as cout:
+            for chunk in cin:
+                cout.write(chunk)
+    target.sql(f"CREATE UNIQUE INDEX ON bench.{table} (n)")
+    target.sql(f"VACUUM ANALYZE bench.{table}")
+    if target.value(f"SELECT count(*) FROM bench.{table}") != db.value(f"SELECT count(*) FROM bench.{table}"):
+        raise RuntimeError(f"copy of bench.{table} into {dbname}: row counts differ")
+
+
+def preview_workers(db, dbname=PREVIEW_DB):
+    """The preview database's relay workers: [(worker, pid, state, published, last_error)]."""
+    return db.pg.sql("SELECT worker, pid, state, published, last_error FROM outbox.workers ORDER BY worker",
+                     dbname=dbname)
+
+
+def preview_relay_ready(db, workers, dbname=PREVIEW_DB, timeout=60):
+    """The preview database's relay back at the server's outbox.workers (relay_paused) and
+    `workers` workers running and idle, as the 0.3.0 relay is before a load; a relay that refuses
+    the schema (every worker 'misconfigured') is a Skipped cell."""
+    relay_paused(db, False, dbname)
+
+    def ready():
+        rows = preview_workers(db, dbname)
+        if rows and all(r[2] == "misconfigured" for r in rows):
+            raise Skipped(f"the relay refuses the {PREVIEW} schema (its workers are misconfigured): {rows}")
+        return len(rows) == workers and all(r[1] and r[2] == "idle" for r in rows)
+    wait_until(ready, timeout, f"{workers} relay workers of {dbname} idle")
+
+
+def preview_landed(db, dbname=PREVIEW_DB):
+    """(ids named by outbox.landed, distinct ids among them, epoch of the last landed row): the
+    contract's definition of published (a landed row names the event)."""
+    row = db.pg.sql("SELECT count(u.id), count(DISTINCT u.id), extract(epoch FROM max(l.published_at)) "
+                    "FROM outbox.landed l, unnest(l.ids) u(id)", dbname=dbname)[0]
+    return int(row[0]), int(row[1]), float(row[2]) if row[2] is not None else None
+
+
+def preview_phases(db, dbname=PREVIEW_DB):
+    """Where the preview's worker spent its batches (outbox.worker_metrics, since the worker
+    started: a new database per run, so per run): claim, publish (produce to the last report) and
+    record, each {count, seconds}; plus the landed rows' statement times (one per record
+    statement: the early records during a publish and the final one), as offsets from the first."""
+    row = db.pg.sql("SELECT sum(claim_seconds_count), sum(claim_seconds_sum), sum(publish_seconds_count), "
+                    "sum(publish_seconds_sum), sum(record_seconds_count), sum(record_seconds_sum) "
+                    "FROM outbox.worker_metrics", dbname=dbname)[0]
+    phases = {name: {"count": int(row[2 * i] or 0), "seconds": round(float(row[2 * i + 1] or 0), 3)}
+              for i, name in enumerate(("claim", "publish", "record"))}
+    steps = db.pg.sql("SELECT extract(epoch FROM published_at - min(published_at) OVER ()) * 1000, n FROM "
+                      "(SELECT published_at, sum(cardinality(ids)) AS n FROM outbox.landed GROUP BY 1) g ORDER BY 1",
+                      dbname=dbname)
+    return {"phases": phases, "record_statements": [(round(float(t), 1), int(n)) for t, n in steps]}
+
+
+def statement_profile(db, dbname, top=8):
+    """The statements run in `dbname` since the last pg_stat_statements_reset(), by total time:
+    the preview relay's per-batch SQL profile (calls, mean and total ms, rows)."""
+    rows = db.sql("SELECT s.calls, s.total_exec_time, s.rows, left(regexp_replace(s.query, '\\s+', ' ', 'g'), 160) "
+                  "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+                  # not the bench's own: the load (enqueue and its member INSERT), the polls
+                  "AND s.query NOT ILIKE '%%outbox.enqueue(%%' AND s.query NOT ILIKE 'INSERT INTO outbox.events\\_%%' "
+                  "AND s.query NOT ILIKE '%%outbox.workers%%' AND s.query NOT ILIKE '%%FROM outbox.landed%%' "
+                  "ORDER BY s.total_exec_time DESC LIMIT %s", (dbname, top))
+    return [{"calls": int(c), "mean_ms": round(t / c, 2) if c else None, "total_ms": round(t, 1), "rows": int(r),
+             "query": q} for c, t, r, q in rows]
+
+
+# --------------------------------------------------------------------------------------------
 # Data sets: built once with outbox.enqueue, replayed into outbox.events for every run with
 # outbox.enqueue again (same event ids, keys, payload bytes, lanes), so every relay gets the same
 # table shape and the same data.

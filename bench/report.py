@@ -2,7 +2,7 @@
 
 from common import median
 
-LABEL = {"outbox": "outbox", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
+LABEL = {"outbox": "outbox", "outbox_040": "outbox 0.4.0 preview", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
          "batched": "naive batched (ORDER BY created_at LIMIT 200)", "seed": "seed-style",
          "floor": "SQL floor: the relay's own claim + record (jit=off)",
          "floor_delete": "SQL floor: claim + DELETE", "floor_update": "SQL floor: claim + 1 UPDATE",
@@ -13,6 +13,11 @@ BURSTS = {"burst_4topic": "Burst, 4 topics, no ANALYZE", "burst_1topic": "Burst,
           "burst_4topic_3x6": "Burst, 4 topics on 3 brokers x 6 partitions, 1,024 keys, no ANALYZE",
           "burst_4topic_1broker": "Burst, 4 topics, 12 partitions each on ONE broker, no ANALYZE"}
 DRAINS = {**BURSTS, "drain": "Backlog drain (ANALYZEd)", "hot_keys": "Hot keys (ANALYZEd)"}
+
+
+def _per_run(xs):
+    """The overhead within each run (diagnostic beside the ratio of the medians)."""
+    return ("; within each run: " + ", ".join(f"{x:.1f}%" for x in xs)) if xs else ""
 
 
 def _sum(xs):
@@ -112,18 +117,29 @@ def summarize(results):
                 continue
             seen = {x["system"]: x.get("rate_observed_median") for x in summary[name]
                     if x["workers"] == 1 and x["rtt_ms"] == rt}
+            p, n_p = drain_rate("outbox_040", 1, rt, name)
             headline.append({"workload": name, "title": title, "rtt_ms": rt, "outbox": o, "tuned": t,
                              "ratio": round(o / t, 2) if o and t else None, "runs": min(n_o, n_t),
                              "rtt_vs_5ms": (lambda o5: round(o / o5, 2) if o5 else None)(drain_rate("outbox", 1, 5, name)[0]),
-                             "outbox_observed": seen.get("outbox"), "tuned_observed": seen.get("tuned")})
+                             "outbox_observed": seen.get("outbox"), "tuned_observed": seen.get("tuned"),
+                             # The 0.4.0 preview's relay on the same data set in the same run.
+                             "outbox_040": p, "runs_040": n_p,
+                             "ratio_040": round(p / t, 2) if p and t else None,
+                             "rtt_vs_5ms_040": (lambda p5: round(p / p5, 2) if p and p5 else None)(
+                                 drain_rate("outbox_040", 1, 5, name)[0]),
+                             "outbox_040_observed": seen.get("outbox_040")})
             if rt == rtt and t:
                 target(f"{title}: outbox vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
                        f"{o / t:.2f}x ({o:.0f} vs {t:.0f} events/s)", o / t >= 3, runs=min(n_o, n_t))
-        o5, n5 = drain_rate("outbox", 1, 5, name)
-        o20, n20 = drain_rate("outbox", 1, 20, name)
-        if o5 and o20:
-            target(f"{title}: outbox RTT 20 ms vs RTT 5 ms, one worker", ">= 80%",
-                   f"{100 * o20 / o5:.0f}% ({o20:.0f} vs {o5:.0f} events/s)", o20 / o5 >= 0.8, runs=min(n5, n20))
+            if rt == rtt and t and p:
+                target(f"{title}: outbox 0.4.0 preview vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
+                       f"{p / t:.2f}x ({p:.0f} vs {t:.0f} events/s)", p / t >= 3, runs=min(n_p, n_t))
+        for system, version in (("outbox", ""), ("outbox_040", " 0.4.0 preview")):
+            o5, n5 = drain_rate(system, 1, 5, name)
+            o20, n20 = drain_rate(system, 1, 20, name)
+            if o5 and o20:
+                target(f"{title}: outbox{version} RTT 20 ms vs RTT 5 ms, one worker", ">= 80%",
+                       f"{100 * o20 / o5:.0f}% ({o20:.0f} vs {o5:.0f} events/s)", o20 / o5 >= 0.8, runs=min(n5, n20))
         o2, n2 = drain_rate("outbox", 2, rtt, name)
         o1, n1 = drain_rate("outbox", 1, rtt, name)
         if o1 and o2:
@@ -170,8 +186,14 @@ def summarize(results):
                    row["p99_ms"] <= rtt + 15, f"max {row['max_ms_worst']:.1f} ms", runs=row["runs"])
     for clients, row in (summary.get("enqueue_overhead") or {}).items():
         target(f"enqueue overhead, {clients} client(s)", "<= 10%", f"{row['overhead_pct']:.1f}%",
-               row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps",
-               runs=row.get("runs"))
+               row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps"
+               + _per_run(row.get("overhead_pct_per_run")), runs=row.get("runs"))
+        if row.get("overhead_040_pct") is not None:
+            target(f"enqueue overhead, {clients} client(s), 0.4.0 preview", "<= 10%",
+                   f"{row['overhead_040_pct']:.1f}%", row["overhead_040_pct"] <= 10,
+                   f"{row['outbox_040_tps']:.0f} vs {row['plain_040_tps']:.0f} tps (plain INSERT in the preview's "
+                   f"database; vs the one in postgres: {row['overhead_040_vs_plain_pct']:.1f}%)"
+                   + _per_run(row.get("overhead_040_pct_per_run")), runs=row.get("runs"))
     if mem and mem.get("memory"):
         m = mem["memory"]
         n_mem = len(mem.get("runs") or [mem])
@@ -207,6 +229,7 @@ def summarize(results):
                        x <= 1.25, f"with the VACUUM of the dead tuples: {o['wal_bytes_per_event_with_vacuum']:.0f} vs "
                        f"{d['wal_bytes_per_event_with_vacuum']:.0f} B/event", runs=min(o["runs"], d["runs"]))
     summary["wal_cost_skipped"] = (w.get("wal_cost") or {}).get("skipped") or {}
+    summary["skipped"] = results.get("skipped") or {}
     # Diagnostics, not targets: the same comparisons with JIT off (see RESULTS.md).
     diag = []
     ours_nojit, _ = drain_rate("outbox_jit_off")
@@ -257,6 +280,44 @@ def wal_rows(s):
     return rows
 
 
+HEADLINE_HEADERS = ["workload", "RTT ms", "runs", "outbox events/s", "tuned batched events/s", "ratio (target >= 3x)",
+                    "seen drained from outside: outbox / tuned", "outbox vs its RTT 5 ms (target at 20 ms >= 80%)",
+                    "0.4.0 preview events/s", "preview vs tuned (target >= 3x)", "preview vs its RTT 5 ms"]
+
+
+def _pct(x):
+    return f"{100 * x:.0f}%" if x else "-"
+
+
+def headline_rows(s):
+    return [[h["title"], h["rtt_ms"], h["runs"], _fmt(h["outbox"]), _fmt(h["tuned"]),
+             f"{h['ratio']:.2f}x" if h["ratio"] else "-",
+             f"{_fmt(h.get('outbox_observed'))} / {_fmt(h.get('tuned_observed'))}", _pct(h.get("rtt_vs_5ms")),
+             _fmt(h.get("outbox_040")), f"{h['ratio_040']:.2f}x" if h.get("ratio_040") else "-",
+             _pct(h.get("rtt_vs_5ms_040"))] for h in s["headline"]]
+
+
+ENQUEUE_HEADERS = ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",
+                   "diag.: INSERT + INSERT into a copy of outbox.events", "its overhead",
+                   "0.4.0 preview db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.0)", "0.4.0 overhead",
+                   "diag.: INSERT + INSERT into the 0.4.0 ring member", "its overhead"]
+
+
+def enqueue_rows(s):
+    return [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%",
+             _fmt(r.get("shape_tps")), f"{r.get('shape_overhead_pct', 0):.1f}%",
+             _fmt(r.get("plain_040_tps")), _fmt(r.get("outbox_040_tps")),
+             f"{r['overhead_040_pct']:.1f}%" if r.get("overhead_040_pct") is not None else "-",
+             _fmt(r.get("shape_040_tps")),
+             f"{r['shape_040_overhead_pct']:.1f}%" if r.get("shape_040_overhead_pct") is not None else "-"]
+            for c, r in s["enqueue_overhead"].items()]
+
+
+def skipped_lines(s):
+    return [f"{workload} {LABEL.get(system, system)}: skipped: {reason}"
+            for workload, systems in (s.get("skipped") or {}).items() for system, reason in systems.items()]
+
+
 def wal_skipped(s):
     return [f"{WAL_SHAPES.get(shape, shape)}: skipped: {reason}" for shape, reason in
             (s.get("wal_cost_skipped") or {}).items()]
@@ -294,13 +355,7 @@ def print_tables(results):
     if s.get("headline"):
         print()
         print("== Headline: outbox vs the tuned batched relay, one worker (events/s, median of runs)")
-        print(table(["workload", "RTT ms", "runs", "outbox", "tuned batched", "ratio (target >= 3x)",
-                     "seen drained from outside: outbox / tuned",
-                     "outbox vs its RTT 5 ms (target at 20 ms >= 80%)"],
-                    [[h["title"], h["rtt_ms"], h["runs"], _fmt(h["outbox"]), _fmt(h["tuned"]),
-                      f"{h['ratio']:.2f}x" if h["ratio"] else "-",
-                      f"{_fmt(h.get('outbox_observed'))} / {_fmt(h.get('tuned_observed'))}",
-                      f"{100 * h['rtt_vs_5ms']:.0f}%" if h.get("rtt_vs_5ms") else "-"] for h in s["headline"]]))
+        print(table(HEADLINE_HEADERS, headline_rows(s)))
     for name, title in DRAINS.items():
         rows = s.get(name) or []
         if not rows:
@@ -340,11 +395,7 @@ def print_tables(results):
     if s.get("enqueue_overhead"):
         print()
         print("== Enqueue overhead (pgbench tps, median of runs)")
-        print(table(["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue", "overhead",
-                     "diag.: INSERT + INSERT into outbox.events' shape", "its overhead"],
-                    [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%",
-                      _fmt(r.get("shape_tps")), f"{r.get('shape_overhead_pct', 0):.1f}%"]
-                     for c, r in s["enqueue_overhead"].items()]))
+        print(table(ENQUEUE_HEADERS, enqueue_rows(s)))
     if s.get("memory"):
         m = s["memory"]
         print()
@@ -356,6 +407,11 @@ def print_tables(results):
         print(f"== Table health: {t['events']:,} events at {t['rate']}/s, retention {t['retention']}: peak "
               f"table+index {t['peak_total_mb_middle_third']} MB (middle third) -> "
               f"{t['peak_total_mb_last_third']} MB (last third)")
+    if skipped_lines(s):
+        print()
+        print("== Skipped cells")
+        for line in skipped_lines(s):
+            print(line)
     if results.get("targets"):
         print()
         print("== Targets")
@@ -388,13 +444,7 @@ def markdown(results):
     parts = []
     if s.get("headline"):
         parts.append("### Headline: outbox vs the tuned batched relay, one worker\n\n" + _md(
-            ["workload", "RTT ms", "runs", "outbox events/s", "tuned batched events/s", "ratio (target >= 3x)",
-             "seen drained from outside: outbox / tuned",
-                     "outbox vs its RTT 5 ms (target at 20 ms >= 80%)"],
-            [[h["title"], h["rtt_ms"], h["runs"], _fmt(h["outbox"]), _fmt(h["tuned"]),
-              f"{h['ratio']:.2f}x" if h["ratio"] else "-",
-              f"{_fmt(h.get('outbox_observed'))} / {_fmt(h.get('tuned_observed'))}",
-                      f"{100 * h['rtt_vs_5ms']:.0f}%" if h.get("rtt_vs_5ms") else "-"] for h in s["headline"]]))
+            HEADLINE_HEADERS, headline_rows(s)))
     for name, title in DRAINS.items():
         rows = s.get(name) or []
         if rows:
@@ -425,12 +475,9 @@ def markdown(results):
         parts.append("### What an event costs the primary (WAL, index writes, dead tuples; median)\n\n" +
                      _md(WAL_HEADERS, wal_rows(s)) + "".join(f"\n\n{line}" for line in wal_skipped(s)))
     if s.get("enqueue_overhead"):
-        parts.append("### Enqueue overhead (pgbench, tps, median)\n\n" + _md(
-            ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",
-             "diag.: INSERT + INSERT into a copy of outbox.events", "its overhead"],
-            [[c, _fmt(r["plain_tps"]), _fmt(r["outbox_tps"]), f"{r['overhead_pct']:.1f}%",
-              _fmt(r.get("shape_tps")), f"{r.get('shape_overhead_pct', 0):.1f}%"]
-             for c, r in s["enqueue_overhead"].items()]))
+        parts.append("### Enqueue overhead (pgbench, tps, median)\n\n" + _md(ENQUEUE_HEADERS, enqueue_rows(s)))
+    if skipped_lines(s):
+        parts.append("### Skipped cells\n\n" + "\n".join(f"- {line}" for line in skipped_lines(s)))
     if results.get("targets"):
         parts.append("### Targets\n\n" + _md(
             ["target", "goal", "measured", "met", "note"],

@@ -37,18 +37,15 @@ import subprocess
 import time
 
 import common
-from common import log, median
+# The 0.4.0 preview's helpers, shared with the burst and enqueue cells (bench.py).
+from common import (PREVIEW, PREVIEW_DB, Skipped, log, median, preview_available, preview_database,  # noqa: F401
+                    preview_published, relay_paused)
 
 SHAPES = ("outbox", "outbox_040", "debezium", "plain")
 # The extension's shapes: "outbox" is the installed default version (0.3.0); "outbox_040" the
 # 0.4.0 preview (CREATE EXTENSION outbox VERSION '0.4.0', in a database of its own), skipped with
 # the reason when the installed extension has no 0.4.0 script or its relay does not publish.
 OUTBOX_SHAPES = ("outbox", "outbox_040")
-PREVIEW = "0.4.0"
-PREVIEW_DB = "bench_preview"
-# The 0.4.0 tables of the contract (the counts sum over every table of schema outbox anyway).
-PREVIEW_TABLES = ("outbox.events_0", "outbox.events_1", "outbox.events_2", "outbox.events_3", "outbox.landed",
-                  "outbox.event_state", "outbox.cursors")
 CHECKPOINTS = ("shape", "steps")
 
 PAYLOAD_SQL = ("jsonb_build_object('event', 'invoice.paid', 'invoice_id', 'inv-' || i, "
@@ -136,10 +133,6 @@ class WalMeter:
         return kinds
 
 
-class Skipped(Exception):
-    """A cell that cannot be measured here (the reason is printed and recorded, nothing faked)."""
-
-
 def tables_of(shape):
     """pg_stat_user_tables rows a shape's counts sum over: every table of schema outbox for the
     extension (0.3.0: events, consumed; 0.4.0: events_0..3, landed, event_state, cursors, ring,
@@ -221,56 +214,6 @@ class AutovacuumLog:
             if m := AUTOVACUUM_WAL.search(entry):
                 out["wal_bytes"] += int(m.group(3))
         return out
-
-
-def relay_paused(db, paused, dbname="postgres", n_workers=None):
-    """The database's relay workers off (paused) or back at the server's outbox.workers; the
-    launcher applies a per-database count without a restart (no checkpoint in between)."""
-    if paused:
-        db.sql(f'ALTER DATABASE "{dbname}" SET outbox.workers = 0')
-        common.wait_until(lambda: not any(r[1] for r in db.pg.sql(
-            "SELECT worker, pid FROM outbox.workers", dbname=dbname)), 60, f"relay workers of {dbname} stopped")
-    else:
-        db.sql(f'ALTER DATABASE "{dbname}" RESET outbox.workers')
-        if dbname == "postgres":
-            db.pg.wait_workers_running(db.workers, timeout=60)
-
-
-def preview_available(db):
-    """None when CREATE EXTENSION outbox VERSION '0.4.0' can be tried, else why not."""
-    if not db.value("SELECT count(*) FROM pg_available_extension_versions WHERE name = 'outbox' AND version = %s",
-                    (PREVIEW,)):
-        installed = ", ".join(v for (v,) in db.sql(
-            "SELECT version FROM pg_available_extension_versions WHERE name = 'outbox' ORDER BY version"))
-        return (f"the installed extension has no {PREVIEW} script (versions available: {installed}); "
-                f"the preview is built on branches s12-b (schema) and s12-d (relay)")
-    return None
-
-
-def preview_published(db):
-    """Events the 0.4.0 relay published: ids named by outbox.landed (the contract's definition:
-    published when a landed row names it)."""
-    return int(db.pg.value("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox.landed", dbname=PREVIEW_DB))
-
-
-def preview_database(db):
-    """A database of its own with CREATE EXTENSION outbox VERSION '0.4.0' and its relay paused
-    (outbox.workers = 0 for it before the extension exists, so no worker starts at the commit)."""
-    db.sql(f'DROP DATABASE IF EXISTS "{PREVIEW_DB}" WITH (FORCE)')
-    db.sql(f'CREATE DATABASE "{PREVIEW_DB}"')
-    db.sql(f'ALTER DATABASE "{PREVIEW_DB}" SET outbox.workers = 0')
-    try:
-        db.pg.sql(f"CREATE EXTENSION outbox VERSION '{PREVIEW}'", dbname=PREVIEW_DB)
-    except Exception as e:
-        raise Skipped(f"CREATE EXTENSION outbox VERSION '{PREVIEW}' failed: {str(e).strip()[:300]}")
-    version = db.pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=PREVIEW_DB)
-    missing = [t for t in PREVIEW_TABLES if not db.pg.value("SELECT to_regclass(%s) IS NOT NULL", (t,),
-                                                            dbname=PREVIEW_DB)]
-    if version != PREVIEW or missing:
-        raise Skipped(f"the {PREVIEW} schema is not the contract's (extversion {version}, missing {missing})")
-    # A new database's catalogs get their hint bits set at their first reads (full-page images
-    # after the checkpoint): done here, before it, as the other shapes' long-used database has.
-    db.pg.sql("VACUUM", dbname=PREVIEW_DB)
 
 
 def one_run(bench, shape, checkpoint, run):
