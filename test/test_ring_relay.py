@@ -681,3 +681,31 @@ def test_a_failing_status_read_does_not_roll_the_retention_round_back(mock_clust
         holder.close()
     wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events_0") == 0, 60, "events_0 emptied by the relay")
     assert pg.value("SELECT member FROM outbox.ring WHERE is_current") != 0
+
+
+def test_a_new_worker_count_made_after_an_incomplete_one_loses_nothing(mock_cluster, ring_relay):
+    """A change of outbox.workers while the last count is incomplete: slot 1 of 2 has not made its
+    row yet (a session's uncommitted insert of that row makes its creation wait, as a slow start
+    would) and has published none of its lanes, while slot 0 of 2 passed every row. The slots of
+    the next count start at the lowest cursor of the last complete count (1) and of those since,
+    not at slot 0 of 2's: every committed event is published."""
+    pg = ring_relay(workers=1, batch_size=50, poll_interval="200ms", lock_timeout="2s")
+    pg.sql("SELECT outbox.enqueue('orders', 'warm', '{}'::jsonb)")
+    pg.wait_published(1)
+    with pg.connect(autocommit=False) as squat:
+        squat.execute("INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at) "
+                      "VALUES (2, 1, '0/0', 0, 0, now())")
+        pg.set(workers=2)
+        wait_until(lambda: pg.value("SELECT count(*) FROM outbox.cursors WHERE n_workers = 2") == 1, 60,
+                   "slot 0 of 2 made")
+        rows = enqueue(pg, "orders", rows_for(40, 8))
+        want = sum(len(v) for v in rows.values())
+        wait_until(lambda: published(pg) > 1, 60, "slot 0 of 2 publishing its lanes")
+        wait_until(lambda: pg.value("SELECT c.order_lsn > (SELECT max(order_lsn) FROM outbox.events_0) "
+                                    "FROM outbox.cursors c WHERE n_workers = 2 AND worker = 0"), 60,
+                   "slot 0 of 2 past every row")
+        pg.set(workers=3)
+        wait_until(lambda: pg.value("SELECT count(*) FROM outbox.cursors WHERE n_workers = 3") == 3, 60,
+                   "the three slots of 3 made")
+        squat.rollback()
+    wait_until(lambda: published(pg) == want + 1, 60, "every committed event published")

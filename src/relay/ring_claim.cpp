@@ -41,18 +41,24 @@ WHERE c.n_workers = $1 AND c.worker = $2
 FOR UPDATE OF c SKIP LOCKED
 )SQL";
 
-// A slot's first row: at outbox.ring_start, or, when another worker count ran last (a change of
-// outbox.workers), at the lowest cursor of that count (nothing of any lane below it is left
-// unhandled; rows between it and an old slot's own cursor are sent again: the re-base that
-// avoids those duplicates is not built), with the union of that count's holes (each at its lowest
-// stamp, its walk begun again: a hole's rows walked already are sent again, never lost).
+// A slot's first row: when other worker counts ran (a change of outbox.workers), at the lowest
+// cursor of the last complete one (every slot 0 .. n-1 has a row) and of the counts that moved
+// since it (below that, every lane's rows were handled: a slot of an incomplete count that never
+// made its row has handled nothing, so that count's own lowest cursor is not enough); at
+// outbox.ring_start when no other count is complete. Rows between it and an old slot's own cursor
+// are sent again (the re-base that avoids those duplicates is not built). With the union of those
+// counts' holes (each at its lowest stamp, its walk begun again: a hole's rows walked already are
+// sent again, never lost).
 const char *const kCursorCreateSql = R"SQL(
-WITH old AS (
-	SELECT o.n_workers FROM outbox.cursors o WHERE o.n_workers <> $1 ORDER BY o.updated_at DESC LIMIT 1
+WITH moved AS (
+	SELECT o.n_workers, max(o.updated_at) AS at, count(*) = o.n_workers AS complete
+	FROM outbox.cursors o WHERE o.n_workers <> $1 GROUP BY o.n_workers
+), old AS (
+	SELECT m.n_workers FROM moved m WHERE m.at >= (SELECT max(c.at) FROM moved c WHERE c.complete)
 ), holes AS (
 	SELECT u.x, min(u.f) AS f
 	FROM outbox.cursors c, unnest(c.hole_xids, c.hole_froms) AS u(x, f)
-	WHERE c.n_workers = (SELECT n_workers FROM old)
+	WHERE c.n_workers IN (SELECT n_workers FROM old)
 	GROUP BY u.x
 )
 INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at,
@@ -63,7 +69,7 @@ SELECT $1, $2, p.order_lsn, p.id, $3, statement_timestamp(),
        coalesce((SELECT array_agg('0/0'::pg_lsn ORDER BY h.x) FROM holes h), '{}'),
        coalesce((SELECT array_agg(0::bigint ORDER BY h.x) FROM holes h), '{}')
 FROM (SELECT c.order_lsn, c.id, 0 AS rank FROM outbox.cursors c
-      WHERE c.n_workers = (SELECT n_workers FROM old)
+      WHERE c.n_workers IN (SELECT n_workers FROM old)
       UNION ALL
       SELECT r.order_lsn, 0::bigint, 1 FROM outbox.ring_start r) p
 ORDER BY p.rank, p.order_lsn, p.id
