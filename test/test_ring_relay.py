@@ -709,3 +709,53 @@ def test_a_new_worker_count_made_after_an_incomplete_one_loses_nothing(mock_clus
                    "the three slots of 3 made")
         squat.rollback()
     wait_until(lambda: published(pg) == want + 1, 60, "every committed event published")
+
+
+def members_index_tuples_read(pg):
+    """Index entries the members' index scans returned so far, once the counters stop moving
+    (the relay's worker flushes its statistics at most once a second)."""
+    query = ("SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes "
+             "WHERE schemaname = 'outbox' AND relname LIKE 'events\\_%'")
+    seen = []
+
+    def settled():
+        seen.append(pg.value(query))
+        return len(seen) >= 4 and seen[-1] == seen[-2] == seen[-3] == seen[-4]
+    wait_until(settled, 60, "the members' statistics settled", interval=0.5)
+    return seen[-1]
+
+
+def test_many_committed_holes_cost_one_scan_of_the_window(mock_cluster, ring_relay):
+    """K writers that each enqueue one row and stay open while a long range of other rows is
+    published, then commit: K committed holes below that range. Their walk reads the window once
+    for all of them (joined by writer), not once per hole: K scans of the window in one statement
+    would, with enough holes, pass statement_timeout at every claim and never move on."""
+    k_holes, batch = 30, 200
+    window = 50 * batch  # rows of (2)'s window per claim (kHoleWindowPerBatchRow)
+    pg = ring_relay(batch_size=batch, poll_interval="200ms")
+    writers = []
+    try:
+        xids = []
+        for i in range(k_holes):
+            w = pg.connect(autocommit=False)
+            writers.append(w)
+            enqueue_in(w, "billing", f"h{i}", f"hole {i}")
+            xids.append(w.execute("SELECT pg_current_xact_id()::text").fetchone()[0])
+        pg.sql(f"SELECT count(outbox.enqueue('bulk', NULL::text, 'x'::text)) FROM generate_series(1, {window})")
+        pg.wait_published(window, timeout=300)
+        wait_until(lambda: set(xids) <= set(holes(pg)), 60, "every open writer a hole")
+        before = members_index_tuples_read(pg)
+        for w in writers:
+            w.commit()
+    finally:
+        for w in writers:
+            w.close()
+    marker = pg.value("SELECT outbox.enqueue('billing', 'after', 'marker')::text")
+    wait_until(lambda: pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (marker,)) == "published",
+               120, "the event after the holes published")
+    wait_until(lambda: holes(pg) == {}, 60, "the holes walked and dropped")
+    assert published(pg) == window + k_holes + 1
+    read = members_index_tuples_read(pg) - before
+    # A few windows whatever K (each claim finds the window's end and walks it, and the walk takes
+    # a couple of claims to reach the cursor); one scan per hole is about K windows.
+    assert read < 10 * window, f"{read} member index entries read to walk {k_holes} holes of a {window}-row window"

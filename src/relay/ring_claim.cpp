@@ -163,19 +163,20 @@ const char *const kMemberCandidatesSql =
     "LIMIT $6";
 
 // Candidates (2): rows of committed holes ($3 xids, $4 lowest stamps, $5/$6 how far each was
-// walked) of the slot's lanes at or below the window's end ($7, $8: at most the cursor,
-// kHoleWindowSql), in (order_lsn, id) order over
-// every hole (so a key's rows of two holes keep their commit order), at most $9 (each hole's
-// first $9, then the first $9 of those: the first $9 of the union), in the layout of (3).
+// walked) of the slot's lanes after the lowest place a hole's walk stands at ($11, $12) and at or
+// below the window's end ($7, $8: at most the cursor, kHoleWindowSql), in (order_lsn, id) order
+// over every hole (so a key's rows of two holes keep their commit order), at most $9, in the
+// layout of (3). One range scan of the window for all the holes, joined to them by writer (it
+// has no index): a scan per hole would cost the window once per hole, and enough holes would
+// pass statement_timeout at every claim and never move on.
 const char *const kHoleCandidatesSql =
     OUTBOX_RING_CANDIDATE_COLUMNS("$10")
-    "FROM unnest($3::xid8[], $4::pg_lsn[], $5::pg_lsn[], $6::bigint[]) AS h(xid, from_lsn, walked_lsn, walked_id), "
-    "LATERAL (SELECT w.* FROM " OUTBOX_RING_MEMBERS " w "
-    "         WHERE w.writer = h.xid AND w.order_lsn >= h.from_lsn "
-    "           AND (w.order_lsn, w.id) > (h.walked_lsn, h.walked_id) "
-    "           AND (w.order_lsn, w.id) <= ($7::pg_lsn, $8::bigint) "
-    "           AND (w.lane::integer % $1 + $1) % $1 = $2 "
-    "         ORDER BY w.order_lsn, w.id LIMIT $9) m "
+    "FROM (SELECT w.* FROM " OUTBOX_RING_MEMBERS " w "
+    "      JOIN unnest($3::xid8[], $4::pg_lsn[], $5::pg_lsn[], $6::bigint[]) AS h(xid, from_lsn, walked_lsn, walked_id) "
+    "        ON w.writer = h.xid "
+    "      WHERE (w.order_lsn, w.id) > ($11::pg_lsn, $12::bigint) AND (w.order_lsn, w.id) <= ($7::pg_lsn, $8::bigint) "
+    "        AND w.order_lsn >= h.from_lsn AND (w.order_lsn, w.id) > (h.walked_lsn, h.walked_id) "
+    "        AND (w.lane::integer % $1 + $1) % $1 = $2) m "
     "ORDER BY m.order_lsn, m.id "
     "LIMIT $9";
 // The end of (2)'s window: the $5-th member row (every lane) after ($1, $2), at most the cursor
@@ -293,9 +294,9 @@ Statement member_candidates_stmt = {
     kMemberCandidatesSql, 7, {INT4OID, INT4OID, PG_LSNOID, INT8OID, PG_LSNOID, INT4OID, BOOLOID},
     CURSOR_OPT_GENERIC_PLAN, nullptr};
 Statement hole_candidates_stmt = {kHoleCandidatesSql,
-                                 10,
+                                 12,
                                  {INT4OID, INT4OID, XID8ARRAYOID, PG_LSNARRAYOID, PG_LSNARRAYOID, INT8ARRAYOID,
-                                  PG_LSNOID, INT8OID, INT4OID, BOOLOID},
+                                  PG_LSNOID, INT8OID, INT4OID, BOOLOID, PG_LSNOID, INT8OID},
                                  CURSOR_OPT_GENERIC_PLAN,
                                  nullptr};
 Statement hole_window_stmt = {
@@ -853,7 +854,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 			ring.window_end = Position{DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)),
 			                           DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull))};
 		}
-		Datum hole_values[10] = {slot_values[0],
+		Datum hole_values[12] = {slot_values[0],
 		                         slot_values[1],
 		                         step::ArrayOf(xids, c, XID8OID),
 		                         step::ArrayOf(froms, c, PG_LSNOID),
@@ -862,7 +863,9 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		                         LSNGetDatum(ring.window_end.order_lsn),
 		                         Int64GetDatum(ring.window_end.id),
 		                         Int32GetDatum(limit),
-		                         BoolGetDatum(block_key)};
+		                         BoolGetDatum(block_key),
+		                         LSNGetDatum(start.order_lsn),
+		                         Int64GetDatum(start.id)};
 		step::ExecuteIn("claim", hole_candidates_stmt, hole_values, nullptr, SPI_OK_SELECT, view.snapshot);
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
