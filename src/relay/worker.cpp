@@ -723,8 +723,19 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 // broker answered and refused the relay (its login, a certificate); the worker shows
 // misconfigured, and still retries with backoff, so a fix on the broker's side (a renewed
 // certificate, a user created) is taken up without a reload. One log line at the outage's
-// first step and whenever the step count doubles, or the reason changes, or a minute passed:
+// first step and whenever the step count doubles, or the reason's cause changes, or a minute passed:
 // a few lines per outage however short outbox.backoff_max is, not one per retry.
+// A reason's cause: the text before its first ": " (DescribeConnectError's class, e.g. "TLS
+// handshake failed (...)"), whose detail librdkafka words differently from one try to the next.
+bool
+SameCause(const char *a, const char *b) {
+	const char *end_a = strstr(a, ": ");
+	const char *end_b = strstr(b, ": ");
+	size_t len_a = end_a ? size_t(end_a - a) : strlen(a);
+	size_t len_b = end_b ? size_t(end_b - b) : strlen(b);
+	return len_a == len_b && strncmp(a, b, len_a) == 0;
+}
+
 void
 NoteBrokerTrouble(const char *why, bool refused = false) {
 	outage_steps++;
@@ -734,7 +745,7 @@ NoteBrokerTrouble(const char *why, bool refused = false) {
 	MetricsNoteBackoff(slot, backoff_until);
 	backoff_state = refused ? WorkerState::Misconfigured : WorkerState::BackingOff;
 	bool doubled = (outage_steps & (outage_steps - 1)) == 0;
-	if (doubled || strcmp(why, last_outage_reason) != 0 ||
+	if (doubled || !SameCause(why, last_outage_reason) ||
 	    TimestampDifferenceExceeds(last_outage_logged_at, now, kRepeatLogLineMs)) {
 		strlcpy(last_outage_reason, why, sizeof(last_outage_reason));
 		last_outage_logged_at = now;
