@@ -12,6 +12,7 @@ import re
 import psycopg
 import pytest
 
+from harness.grants import PUBLIC_GRANTS_SQL
 from harness.kafka_reader import read_topic
 from harness.wait import wait_until
 
@@ -597,20 +598,7 @@ def test_role_with_nothing_can_do_nothing(mock_cluster, make_relay):
 def test_nothing_in_schema_outbox_is_granted_to_public_and_relay_role_has_exactly_its_rights(mock_cluster, make_relay):
     pg = make_relay(mock_cluster.bootstrap)
     wait_worker(pg)
-    public_grants = query(pg, """
-        SELECT 'schema', n.nspname, a.privilege_type FROM pg_namespace n, aclexplode(n.nspacl) a
-        WHERE n.nspname = 'outbox' AND a.grantee = 0
-        UNION ALL
-        SELECT 'relation', c.relname, p FROM pg_class c,
-               unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER']) p
-        WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind IN ('r', 'v', 'm', 'f', 'p')
-          AND has_table_privilege('public', c.oid, p)
-        UNION ALL
-        SELECT 'sequence', c.relname, p FROM pg_class c, unnest(ARRAY['USAGE', 'SELECT', 'UPDATE']) p
-        WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'S' AND has_sequence_privilege('public', c.oid, p)
-        UNION ALL
-        SELECT 'function', p.oid::regprocedure::text, 'EXECUTE' FROM pg_proc p
-        WHERE p.pronamespace = 'outbox'::regnamespace AND has_function_privilege('public', p.oid, 'EXECUTE')""")
+    public_grants = query(pg, PUBLIC_GRANTS_SQL)
     assert public_grants == []
     # The check sees a grant to PUBLIC when there is one.
     query(pg, "GRANT SELECT ON outbox.backlog TO PUBLIC")

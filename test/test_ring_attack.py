@@ -9,6 +9,7 @@ import uuid
 import psycopg
 import pytest
 
+from harness.grants import PUBLIC_GRANTS_SQL
 from harness.pg_cluster import PgCluster
 
 
@@ -260,3 +261,36 @@ def test_a_cursor_row_of_another_shape_is_refused(pg):
                                   "(SELECT system_identifier FROM pg_control_system()), now())", (n_workers, worker))
             assert state == "23514", (n_workers, worker)
     pg.sql(f"DROP DATABASE {db}")
+
+
+# The ring's functions that only the extension's own code calls (the view's trigger, enqueue,
+# the retention): neither PUBLIC nor the relay role may call them, a caller with USAGE on the
+# schema and nothing else least of all.
+RING_INTERNALS = ("SELECT outbox.ring_keeps_event_id(gen_random_uuid())", "SELECT outbox.ring_cursor_floor()",
+                  "SELECT outbox.current_ring_member()", "SELECT outbox.truncate_ring_member(0::smallint)")
+
+
+def test_nothing_of_the_ring_is_granted_to_public_and_a_plain_role_may_call_none_of_it(pg):
+    for db in (fresh_database(pg, "0.4.0"), fresh_database(pg)):
+        pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)  # no-op for the first
+        assert pg.sql(PUBLIC_GRANTS_SQL, dbname=db) == []
+        role = f"plain_{db}"
+        with connect(pg, db) as c:
+            c.execute(f"CREATE ROLE {role}")
+            c.execute(f"GRANT USAGE ON SCHEMA outbox TO {role}")
+            for who in (role, "outbox_relay"):
+                c.execute(f"SET ROLE {who}")
+                for statement in RING_INTERNALS + (() if who == "outbox_relay" else (
+                        "SELECT outbox.ring_retention(interval '0')", "SELECT * FROM outbox.ring_status",
+                        "SELECT * FROM outbox.ring_status(interval '0')", "SELECT * FROM outbox.cursors",
+                        "SELECT * FROM outbox.landed", "SELECT * FROM outbox.event_state",
+                        "SELECT * FROM outbox.ring", "SELECT * FROM outbox.events_0",
+                        "SELECT nextval('outbox.events_id_seq')")):
+                    state, _ = refusal(c, statement)
+                    assert state == "42501", (who, statement)
+                c.execute("RESET ROLE")
+            # The check above can fail: a right given to PUBLIC shows.
+            c.execute("GRANT EXECUTE ON FUNCTION outbox.ring_cursor_floor() TO PUBLIC")
+            assert pg.sql(PUBLIC_GRANTS_SQL, dbname=db) == [("function", "outbox.ring_cursor_floor()", "EXECUTE")]
+        pg.sql(f"DROP DATABASE {db}")
+        pg.sql(f"DROP ROLE {role}")
