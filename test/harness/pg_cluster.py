@@ -91,8 +91,11 @@ class PgCluster:
             with self.connect("postgres") as c:
                 c.execute(f'CREATE DATABASE "{self.database}"')
         if self.create_extension:
+            # create_extension: True for the default version, or a version string ('0.3.0') for
+            # the tests of an older schema that existing installs keep until they update.
+            version = self.create_extension if isinstance(self.create_extension, str) else None
             with self.connect() as c:
-                c.execute("CREATE EXTENSION outbox")
+                c.execute("CREATE EXTENSION outbox" + (f" VERSION '{version}'" if version else ""))
         return self
 
     def stop(self, mode="fast"):
