@@ -4,6 +4,7 @@ each released version, with events pending, failed and published and an applicat
 enqueueing, ends with every event in Kafka exactly once and in per-(topic, key) order; and the
 updated schema is a fresh install's."""
 
+import os
 import re
 import threading
 
@@ -14,7 +15,9 @@ from harness.wait import wait_until
 
 # Every released version an update starts from (0.1.0 goes through 0.2.0).
 OLD_VERSIONS = ("0.1.0", "0.2.0")
-NEW_VERSION = "0.3.0"
+# The version an update ends at: the control file's default_version.
+with open(os.path.join(os.path.dirname(__file__), "..", "outbox.control")) as control:
+    NEW_VERSION = re.search(r"^default_version = '(.*)'", control.read(), re.M).group(1)
 TOPICS = ("billing", "orders")  # made by the mock_cluster fixture
 KEYS = 6
 # What a worker says while the schema is older than its library (the relay waits, publishing

@@ -380,8 +380,8 @@ BeginStep(const char *activity) {
 		}
 	}
 	// A library newer than the schema (after a package upgrade, before ALTER EXTENSION UPDATE):
-	// the statements below are written for this library's schema only (and the ring's preview).
-	if (version == nullptr || (strcmp(version, OUTBOX_SCHEMA_VERSION) != 0 && !step_ring)) {
+	// the statements below are written for the ring and for 0.3.0's table only.
+	if (version == nullptr || (strcmp(version, kTableSchemaVersion) != 0 && !step_ring)) {
 		MemoryContext old = MemoryContextSwitchTo(step_caller_context);
 		step_problem = psprintf("extension outbox is at version %s, this library publishes from version %s: run "
 		                        "ALTER EXTENSION outbox UPDATE",

@@ -8,9 +8,12 @@
 
 namespace outbox {
 
-// The schema version whose outbox.events is a view over the ring (the relay speaks it beside
-// the library's own OUTBOX_SCHEMA_VERSION while 0.4.0 is a preview).
+// The schema version whose outbox.events is a view over the ring.
 constexpr const char *kRingSchemaVersion = "0.4.0";
+// The last schema whose outbox.events is a table: the relay keeps publishing from it whatever
+// the default version is, so that a package upgrade does not stop a relay until the operator
+// runs ALTER EXTENSION UPDATE (older schemas are refused: their statements are not kept).
+constexpr const char *kTableSchemaVersion = "0.3.0";
 
 // nullptr when the ring's tables are there, plain tables and the extension's own; else why not.
 const char *RingTablesProblem(Oid ext, Oid nsp);
