@@ -35,8 +35,7 @@ struct Known {
 	bool events_commit_order;
 	Oid ring;
 	AttrNumber member_att, current_att;
-	bool ring_signals; // outbox.ring has its trigger ring_changed (ENABLE ALWAYS): the member may be kept
-	int member;        // the current member as last read, or kNoMember
+	int member; // the current member as last read (kept only while ring_changed signals), or kNoMember
 	Oid members[kRingMembers];
 };
 Known known = {};
@@ -154,19 +153,11 @@ ScanRing(Oid ring, AttrNumber member_att, AttrNumber current_att, bool *signals)
 
 } // namespace
 
-int
-CurrentRingMember() {
-	Oid nsp = get_namespace_oid("outbox", true);
-	Oid ring = OidIsValid(nsp) ? get_relname_relid("ring", nsp) : InvalidOid;
-	AttrNumber member_att, current_att;
-	RingColumns(ring, &member_att, &current_att);
-	return ScanRing(ring, member_att, current_att, nullptr);
-}
-
 namespace {
 
-// The names' OIDs (once per invalidation, not per transaction), or known.valid false when one is
-// missing: then nothing is kept and every transaction looks again.
+// The names' OIDs (once per invalidation, not per transaction). With one missing (no extension
+// here, or a member dropped by hand) known.valid stays false: nothing is kept, and every
+// transaction looks again, as it did before anything was kept.
 void
 LookUpNames() {
 	Known k = {};
@@ -184,7 +175,11 @@ LookUpNames() {
 			}
 		}
 	}
-	k.valid = true;
+	bool complete = OidIsValid(k.events) && (k.events_kind != RELKIND_VIEW || OidIsValid(k.ring));
+	for (Oid m : k.members) {
+		complete = complete && (k.events_kind != RELKIND_VIEW || OidIsValid(m));
+	}
+	k.valid = complete;
 	known = k;
 }
 
