@@ -343,6 +343,17 @@ COMMENT ON TABLE outbox.ring IS
 	'The ring of generation tables outbox.events_0 .. events_3: which one enqueue writes (is_current), which are sealed';
 INSERT INTO outbox.ring (member, is_current, opened_at, sealed_at)
 VALUES (0, true, now(), NULL), (1, false, NULL, NULL), (2, false, NULL, NULL), (3, false, NULL, NULL);
+-- Every change of the ring's rows invalidates its relcache entry in every backend at commit, so
+-- that enqueue can keep the current member between transactions and still see a rotation at the
+-- next call (queue_target.cpp). ALWAYS: session_replication_role = replica must not skip it.
+CREATE FUNCTION outbox.ring_changed()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'outbox_ring_changed'
+LANGUAGE C;
+REVOKE ALL ON FUNCTION outbox.ring_changed() FROM PUBLIC;
+CREATE TRIGGER ring_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON outbox.ring
+	FOR EACH STATEMENT EXECUTE FUNCTION outbox.ring_changed();
+ALTER TABLE outbox.ring ENABLE ALWAYS TRIGGER ring_changed;
 
 -- Slot `worker` of `n_workers` has passed every member row with (order_lsn, id) at or below its
 -- (order_lsn, id). The relay creates a slot's row when missing, at (outbox.ring_start, 0).

@@ -294,3 +294,82 @@ def test_nothing_of_the_ring_is_granted_to_public_and_a_plain_role_may_call_none
             assert pg.sql(PUBLIC_GRANTS_SQL, dbname=db) == [("function", "outbox.ring_cursor_floor()", "EXECUTE")]
         pg.sql(f"DROP DATABASE {db}")
         pg.sql(f"DROP ROLE {role}")
+
+
+def member_of(pg, db, payload):
+    """The ring member that holds the one event with this payload."""
+    rows = [m for m in range(4) if pg.value(f"SELECT count(*) FROM outbox.events_{m} "
+                                            "WHERE convert_from(payload, 'UTF8') = %s", (payload,), dbname=db)]
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def test_a_session_that_keeps_the_current_member_sees_another_sessions_rotation_at_its_next_enqueue(pg):
+    """enqueue keeps the current member between transactions (queue_target.cpp); a rotation that
+    another session committed is seen by the next enqueue, in a new transaction and in one that
+    began (REPEATABLE READ, its snapshot taken, the ring read) before the rotation."""
+    db = fresh_database(pg, "0.4.0")
+    with connect(pg, db) as writer:
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'a'::text)")
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'a2'::text)")  # the member kept, if ever
+        assert member_of(pg, db, "a") == member_of(pg, db, "a2") == 0
+        pg.value("SELECT outbox.purge(interval '0')", dbname=db)  # events_0 sealed (kept), events_1 current
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'b'::text)")
+        assert member_of(pg, db, "b") == 1
+        writer.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        assert writer.execute("SELECT member FROM outbox.ring WHERE is_current").fetchone() == (1,)
+        pg.value("SELECT outbox.purge(interval '0')", dbname=db)  # events_1 sealed, events_2 current
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'c'::text)")
+        writer.execute("COMMIT")
+        assert member_of(pg, db, "c") == 2
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def test_the_current_member_is_read_again_after_a_change_of_the_ring_in_the_session_itself(pg):
+    """The session's own change of outbox.ring (by hand, as a superuser can) is seen by its next
+    enqueue in that transaction, and forgotten when it rolls back (also back to a savepoint)."""
+    db = fresh_database(pg, "0.4.0")
+    move = "UPDATE outbox.ring SET is_current = (member = %s)"
+    in_member = "SELECT count(*) FROM outbox.events_{} WHERE convert_from(payload, 'UTF8') = %s"
+    with connect(pg, db) as writer:
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'a'::text)")
+        writer.execute("BEGIN")
+        writer.execute(move, (1,))
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'b'::text)")
+        assert writer.execute(in_member.format(1), ("b",)).fetchone() == (1,)
+        writer.execute("ROLLBACK")
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'c'::text)")
+        writer.execute("BEGIN")
+        writer.execute("SAVEPOINT s")
+        writer.execute(move, (3,))
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'x'::text)")
+        assert writer.execute(in_member.format(3), ("x",)).fetchone() == (1,)
+        writer.execute("ROLLBACK TO SAVEPOINT s")
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'd'::text)")
+        writer.execute("COMMIT")
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'e'::text)")
+    assert [member_of(pg, db, p) for p in ("a", "c", "d", "e")] == [0, 0, 0, 0]
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE convert_from(payload, 'UTF8') IN ('b', 'x')",
+                    dbname=db) == 0
+    pg.sql(f"DROP DATABASE {db}")
+
+
+@pytest.mark.parametrize("how", ["disabled", "origin", "dropped"])
+def test_without_the_rings_trigger_every_transaction_reads_the_ring(pg, how):
+    """The current member is kept only while outbox.ring's trigger ring_changed fires at every
+    change (ENABLE ALWAYS): disabled, left to session_replication_role, or dropped, a change made
+    with it silent is still seen by the next enqueue."""
+    db = fresh_database(pg, "0.4.0")
+    change = {"disabled": "ALTER TABLE outbox.ring DISABLE TRIGGER ring_changed",
+              "origin": "ALTER TABLE outbox.ring ENABLE TRIGGER ring_changed",
+              "dropped": "DROP TRIGGER ring_changed ON outbox.ring"}[how]
+    with connect(pg, db) as writer:
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'a'::text)")
+        pg.sql(change, dbname=db)
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'b'::text)")  # the ring read again, then kept?
+        with connect(pg, db) as mover:
+            mover.execute("SET session_replication_role = replica")  # no ENABLE (ORIGIN) trigger fires
+            mover.execute("UPDATE outbox.ring SET is_current = (member = 2)")
+        writer.execute("SELECT outbox.enqueue('keep', 'k', 'c'::text)")
+    assert [member_of(pg, db, p) for p in ("a", "b", "c")] == [0, 0, 2]
+    pg.sql(f"DROP DATABASE {db}")

@@ -13,6 +13,10 @@
 #include "shared/shmem.hpp"
 #include "enqueue/trace_context.hpp"
 
+#ifdef __linux__
+#include <sys/random.h>
+#endif
+
 namespace {
 
 enum class PayloadKind { Jsonb, Text, Bytea };
@@ -164,6 +168,19 @@ PayloadBytes(Datum payload, PayloadKind kind) {
 	return out;
 }
 
+// The kernel's CSPRNG straight (getrandom(2), one system call), where PostgreSQL's
+// pg_strong_random asks OpenSSL for its status and then its bytes at every call, several times
+// the cost for the 16 bytes of an id; elsewhere pg_strong_random.
+bool
+RandomBytes(uint8 *buf, size_t len) {
+#ifdef __linux__
+	if (getrandom(buf, len, 0) == ssize_t(len)) {
+		return true;
+	}
+#endif
+	return pg_strong_random(buf, len);
+}
+
 // Two statements: ON CONFLICT DO NOTHING only where a duplicate can happen, i.e. for an id the
 // caller passed. A generated (random version 4) id cannot collide in practice, and a plain
 // INSERT skips the speculative insertion (its conflict pre-check and extra WAL record); should
@@ -188,16 +205,14 @@ InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
 		// rotation, each into another member, both commit (DESIGN.md "Retention").
 		char probe[640] = "";
 		if (caller_event_id && member != outbox::kNoMember) {
+			const char *tables[outbox::kEventIdTables];
+			int n = outbox::EventIdTables(member, tables);
 			size_t used = 0;
-			for (int other = 0; other < outbox::kRingMembers; other++) {
-				if (other != member) {
-					used += size_t(snprintf(probe + used, sizeof(probe) - used,
-					                        "%s NOT EXISTS (SELECT FROM outbox.%s o WHERE o.event_id = $1) ",
-					                        used == 0 ? "WHERE" : "AND", outbox::RingMemberName(other)));
-				}
+			for (int i = 0; i < n; i++) {
+				used += size_t(snprintf(probe + used, sizeof(probe) - used,
+				                        "%s NOT EXISTS (SELECT FROM outbox.%s o WHERE o.event_id = $1) ",
+				                        i == 0 ? "WHERE" : "AND", tables[i]));
 			}
-			snprintf(probe + used, sizeof(probe) - used,
-			         "AND NOT EXISTS (SELECT FROM outbox.event_state s WHERE s.event_id = $1) ");
 		}
 		char query[1400];
 		snprintf(query, sizeof(query),
@@ -466,7 +481,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	bool caller_event_id = !PG_ARGISNULL(4);
 	if (!caller_event_id) {
 		event_id = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t)));
-		if (!pg_strong_random(event_id->data, UUID_LEN)) {
+		if (!RandomBytes(event_id->data, UUID_LEN)) {
 			ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate a random event id")));
 		}
 		event_id->data[6] = (event_id->data[6] & 0x0f) | 0x40; // version 4

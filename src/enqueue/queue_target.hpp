@@ -1,7 +1,8 @@
 // Where enqueue writes: 0.3.0's table outbox.events, or on schema 0.4.0 (a preview: outbox.events
 // is a view) the current member of the ring of generation tables (DESIGN.md "The insert-only
-// queue"). Looked up once per transaction and again after a change of outbox.events (ALTER
-// EXTENSION UPDATE in this backend, in this very transaction too).
+// queue"). Decided once per transaction and again after a change of outbox.events (ALTER
+// EXTENSION UPDATE in this backend, in this very transaction too); the names' OIDs and the ring's
+// current member are kept between transactions until an invalidation (queue_target.cpp).
 #pragma once
 
 #include "shared/pg_include.hpp"
@@ -21,10 +22,6 @@ struct QueueTarget {
 
 // This transaction's target (a copy: a later look-up may replace the cached one).
 QueueTarget CurrentQueueTarget();
-
-// The ring member outbox.ring marks current (the retention moves it), read from the table with the
-// latest snapshot; enqueue looks it up once per transaction. The one place that decides it.
-int CurrentRingMember();
 
 // "events_<member>" (kNoMember: "events", 0.3.0's table), static storage.
 const char *RingMemberName(int member);

@@ -4,10 +4,12 @@
 // transaction at the same moment, into another member, is the one duplicate left (DESIGN.md
 // "Retention").
 #include "enqueue/ring_dedup.hpp"
+#include "enqueue/queue_target.hpp"
 #include "shared/boundary.hpp"
 
 extern "C" {
 #include "executor/spi.h"
+#include "lib/stringinfo.h"
 #include "utils/snapmgr.h"
 }
 
@@ -15,19 +17,21 @@ namespace outbox {
 
 namespace {
 
-const char *const kProbeSql =
-    "SELECT FROM outbox.events_0 e WHERE e.event_id = $1 UNION ALL "
-    "SELECT FROM outbox.events_1 e WHERE e.event_id = $1 UNION ALL "
-    "SELECT FROM outbox.events_2 e WHERE e.event_id = $1 UNION ALL "
-    "SELECT FROM outbox.events_3 e WHERE e.event_id = $1 UNION ALL "
-    "SELECT FROM outbox.event_state s WHERE s.event_id = $1 LIMIT 1";
-
 SPIPlanPtr
 ProbePlan() {
 	static SPIPlanPtr plan = nullptr;
 	if (plan == nullptr) {
+		const char *tables[kEventIdTables];
+		int n = EventIdTables(kNoMember, tables);
+		StringInfoData sql;
+		initStringInfo(&sql);
+		for (int i = 0; i < n; i++) {
+			appendStringInfo(&sql, "%sSELECT FROM outbox.%s e WHERE e.event_id = $1", i ? " UNION ALL " : "", tables[i]);
+		}
+		appendStringInfoString(&sql, " LIMIT 1");
 		Oid types[1] = {UUIDOID};
-		SPIPlanPtr p = SPI_prepare(kProbeSql, 1, types);
+		SPIPlanPtr p = SPI_prepare(sql.data, 1, types);
+		pfree(sql.data);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the event id probe: %s", SPI_result_code_string(SPI_result));
 		}
@@ -38,6 +42,18 @@ ProbePlan() {
 }
 
 } // namespace
+
+int
+EventIdTables(int except, const char *names[kEventIdTables]) {
+	int n = 0;
+	for (int member = 0; member < kRingMembers; member++) {
+		if (member != except) {
+			names[n++] = RingMemberName(member);
+		}
+	}
+	names[n++] = "event_state";
+	return n;
+}
 
 bool
 RingKeepsEventId(Datum event_id) {

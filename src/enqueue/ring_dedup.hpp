@@ -6,6 +6,14 @@
 
 namespace outbox {
 
+constexpr int kEventIdTables = 5;
+
+// The tables that keep a caller's event id on schema 0.4.0: the ring members and
+// outbox.event_state (an event that waits or failed keeps its row there after its member was
+// emptied). The one list both probes are built from (RingKeepsEventId's and enqueue's INSERT).
+// Their names (static storage) but member `except`'s (kNoMember: all); returns how many.
+int EventIdTables(int except, const char *names[kEventIdTables]);
+
 // Whether a ring member or outbox.event_state holds an event with this id, read with the latest
 // snapshot. When the transaction's snapshot does not show that row (another transaction committed
 // it after this one's snapshot was taken), ERROR 40001, as an INSERT into 0.3.0's unique index
