@@ -169,6 +169,7 @@ END_THE_WORKER_AND_RAISE = """
     # cannot end its superuser worker (which would restart with no backoff state); it is an ERROR.
     pytest.param(END_THE_WORKER_AND_RAISE, id="terminate-own-worker-then-raise"),
 ])
+@pytest.mark.schema("0.3.0")  # faults planted on 0.3.0's table
 def test_a_failing_step_of_another_kind_backs_off(mock_cluster, make_relay, unique_topic, trigger):
     pg = make_relay(mock_cluster.bootstrap, backoff_base="60s", backoff_max="5min", statement_timeout="1s")
     pg.wait_workers_running(1)

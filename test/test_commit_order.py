@@ -31,9 +31,15 @@ def create_roles(pg):
     pg.sql(f"GRANT SELECT (event_id), DELETE ON outbox.events TO {CANCELLER}")
 
 
+# A test of 0.3.0's table (rows deleted or changed by hand, its triggers): its own cluster of
+# that version (existing installs keep it until they update); the rest runs on the default.
+OLD_TABLE = pytest.mark.parametrize("pg", ["0.3.0"], indirect=True)
+
+
 @pytest.fixture(scope="module")
-def pg():
-    with PgCluster(settings={"outbox.workers": "0", "max_prepared_transactions": "10"}) as cluster:
+def pg(request):
+    with PgCluster(settings={"outbox.workers": "0", "max_prepared_transactions": "10"},
+                   create_extension=getattr(request, "param", True)) as cluster:
         create_roles(cluster)
         yield cluster
 
@@ -423,6 +429,7 @@ def restamped_after_deleting_its_rows(pg, topic, key, shape):
 SHAPES = ["deleted", "in a savepoint", "deleted in a savepoint", "many keys", "stripe collision"]
 
 
+@OLD_TABLE
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_restart_keeps_a_restamped_key_in_commit_order(pg, topic, shape):
     kept = restamped_after_deleting_its_rows(pg, topic, "k", shape)
@@ -434,7 +441,7 @@ def test_a_restart_keeps_a_restamped_key_in_commit_order(pg, topic, shape):
 
 
 def test_a_promoted_standby_keeps_a_restamped_key_in_commit_order(standbys, topic):
-    with PgCluster(settings={"outbox.workers": "0"}) as primary:
+    with PgCluster(settings={"outbox.workers": "0"}, create_extension="0.3.0") as primary:  # rows deleted by hand
         create_roles(primary)
         standby = primary.make_standby("co_standby", settings={"outbox.workers": "0"})
         standbys.append(standby)
@@ -451,6 +458,7 @@ def test_a_promoted_standby_keeps_a_restamped_key_in_commit_order(standbys, topi
         assert published_order(standby, topic, "k") == ["A", kept, "C"]
 
 
+@OLD_TABLE
 def test_a_crash_keeps_a_restamped_key_in_commit_order(pg, topic):
     kept = restamped_after_deleting_its_rows(pg, topic, "k", "deleted")
     pg.stop("immediate")  # a crash: recovery replays the WAL, the stripes are gone
@@ -460,6 +468,7 @@ def test_a_crash_keeps_a_restamped_key_in_commit_order(pg, topic):
     assert published_order(pg, topic, "k") == ["A", kept, "C"]
 
 
+@OLD_TABLE
 def test_a_prepared_restamp_keeps_its_key_in_commit_order_across_a_crash(pg, topic):
     # Re-stamped at PREPARE (its stamps must lie below the PREPARE record), the server crashes,
     # COMMIT PREPARED on the new run, then a commit of the key: it sorts after.

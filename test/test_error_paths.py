@@ -168,6 +168,7 @@ SEAM_STEPS = {
 }
 
 
+@pytest.mark.schema("0.3.0")  # 0.3.0's steps and table locks
 @pytest.mark.parametrize("step", list(SEAM_STEPS))
 def test_step_fails_twice_then_recovers(mock_cluster, make_relay, step):
     # The worker is refused first (its role missing), so the seam and the working role arrive in
@@ -241,6 +242,7 @@ LOCK_WAIT_FAULTS = {
 }
 
 
+@pytest.mark.schema("0.3.0")  # 0.3.0's steps and table locks
 @pytest.mark.parametrize("fault", list(LOCK_WAIT_FAULTS))
 def test_lock_wait_inside_the_record_ended_twice_by(mock_cluster, make_relay, fault):
     settings, error = LOCK_WAIT_FAULTS[fault]
@@ -270,6 +272,7 @@ def test_lock_wait_inside_the_record_ended_twice_by(mock_cluster, make_relay, fa
     assert_recovered(pg, mock_cluster, expected, pid, 2 * BATCH, BATCH)
 
 
+@pytest.mark.schema("0.3.0")  # 0.3.0's steps and table locks
 def test_rows_held_by_a_user_are_passed_over_without_waiting(mock_cluster, make_relay):
     # A session holds FOR UPDATE: the first pending event of k0, an in_flight row of k1 (as a
     # 0.1.0 relay could leave it) and published rows past retention. The relay waits for none of
@@ -339,6 +342,7 @@ def test_cancel_while_publishing_twice_then_recovers(mock_cluster, make_relay):
     assert_recovered(pg, mock_cluster, expected, pid, 2 * ROUND, 2 * ROUND)
 
 
+@pytest.mark.schema("0.3.0")  # 0.3.0's steps and table locks
 def test_access_exclusive_lock_makes_the_relay_wait_without_error(mock_cluster, make_relay):
     # LOCK TABLE outbox.events IN ACCESS EXCLUSIVE MODE asked for while a batch is out: it waits
     # for the batch's transaction (the relay holds the table's lock until the record commits),
