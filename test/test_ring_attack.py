@@ -47,7 +47,7 @@ def test_update_keeps_rights_passed_on_with_grant_option(pg):
     """A role with a right WITH GRANT OPTION on 0.3.0's table that passed it on (table and
     column rights): the upgrade neither fails on the dependent grants nor leaves any of them on
     the member; both roles have their rights on the view."""
-    db = fresh_database(pg)
+    db = fresh_database(pg, "0.3.0")
     tag = uuid.uuid4().hex[:6]
     lead, member = f"lead_{tag}", f"dev_{tag}"
     for role in (lead, member):
@@ -78,7 +78,7 @@ def test_relay_role_may_not_delete_cursors_or_landed_rows(pg):
     """The relay moves its cursors forward and inserts landed rows; deleting them (which would
     let the retention empty a member whose events were never sent, or hide where events
     landed) is the retention's, as the owner."""
-    for db in (fresh_database(pg, "0.4.0"), fresh_database(pg)):
+    for db in (fresh_database(pg, "0.4.0"), fresh_database(pg, "0.3.0")):
         pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)  # no-op for the first
         assert rights(pg, db, "outbox_relay", "outbox.cursors") == "INSERT,SELECT,UPDATE"
         assert rights(pg, db, "outbox_relay", "outbox.landed") == "INSERT"
@@ -271,7 +271,7 @@ RING_INTERNALS = ("SELECT outbox.ring_keeps_event_id(gen_random_uuid())", "SELEC
 
 
 def test_nothing_of_the_ring_is_granted_to_public_and_a_plain_role_may_call_none_of_it(pg):
-    for db in (fresh_database(pg, "0.4.0"), fresh_database(pg)):
+    for db in (fresh_database(pg, "0.4.0"), fresh_database(pg, "0.3.0")):
         pg.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'", dbname=db)  # no-op for the first
         assert pg.sql(PUBLIC_GRANTS_SQL, dbname=db) == []
         role = f"plain_{db}"

@@ -408,6 +408,7 @@ def test_two_workers_keep_per_key_order(mock_cluster, ring_relay):
     assert all(w[3] > 0 for w in pg.workers())
 
 
+@pytest.mark.schema("0.3.0")
 def test_update_to_the_ring_under_a_running_relay(mock_cluster, make_relay):
     """0.3.0 with published, failed and pending events, the relay running: ALTER EXTENSION UPDATE
     TO '0.4.0'. Every pending event is published once (after the update too), the failed one stays

@@ -16,7 +16,7 @@ from harness.pg_cluster import PgCluster
 from harness.wait import wait_until
 
 RING = "ring"   # CREATE EXTENSION outbox VERSION '0.4.0'
-OLD = "v030"    # CREATE EXTENSION outbox (0.3.0, the default)
+OLD = "v030"    # CREATE EXTENSION outbox VERSION '0.3.0'
 MEMBERS = [f"events_{n}" for n in range(4)]
 # The contract's member columns, in order (events_0 is 0.3.0's table: same names, its own order).
 MEMBER_COLUMNS = [("id", "bigint"), ("event_id", "uuid"), ("topic", "text"), ("key", "text"),
@@ -34,7 +34,7 @@ READER = "ring_reader"
 @pytest.fixture(scope="module")
 def pg():
     with PgCluster(settings={"outbox.workers": "0"}, create_extension=False) as cluster:
-        for db, version in ((RING, "0.4.0"), (OLD, None)):
+        for db, version in ((RING, "0.4.0"), (OLD, "0.3.0")):
             cluster.sql(f"CREATE DATABASE {db}")
             cluster.sql("CREATE EXTENSION outbox" + (f" VERSION '{version}'" if version else ""), dbname=db)
         cluster.sql(f"CREATE ROLE {HOSTILE} LOGIN")
@@ -72,9 +72,9 @@ def member_rows(pg, db, member="events_0"):
                   f"target_partition, ce_content_type, ce_type, ce_source FROM outbox.{member} ORDER BY id", dbname=db)
 
 
-def test_version_is_a_preview_and_the_default_stays(pg):
+def test_versions_of_the_two_databases(pg):
     assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=RING) == "0.4.0"
-    assert pg.value("SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'") == "0.3.0"
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=OLD) == "0.3.0"
 
 
 def test_view_has_the_columns_of_0_3_0s_table(pg):
@@ -292,7 +292,7 @@ def test_the_guard_lets_the_restamp_raise_order_lsn_only(pg):
 
 
 def test_update_from_0_3_0_keeps_every_event_as_it_was(pg):
-    db = fresh_database(pg)
+    db = fresh_database(pg, "0.3.0")
     pg.sql(f"GRANT USAGE ON SCHEMA outbox TO {READER}", dbname=db)
     pg.sql(f"GRANT SELECT ON outbox.events TO {READER}", dbname=db)
     pg.sql(f"GRANT SELECT (event_id, status) ON outbox.events TO {HOSTILE}", dbname=db)
@@ -352,7 +352,7 @@ def test_update_from_0_3_0_keeps_every_event_as_it_was(pg):
 
 
 def test_retries_work_on_event_state(pg):
-    db = fresh_database(pg)
+    db = fresh_database(pg, "0.3.0")
     with connect(pg, db) as c:
         for key in ("f1", "f2", "ok"):
             c.execute("SELECT outbox.enqueue('rt', %s, 'x'::text)", (key,))
@@ -587,7 +587,7 @@ def test_update_gives_worker_metrics_the_rings_columns_and_keeps_its_rights_and_
     """The view gets the ring's columns at its end from a new function (the old one keeps 0.3.0's
     result columns: a function's cannot change in place), with the same rights; nothing is
     dropped, so a monitoring role's own view on outbox.worker_metrics does not stop the update."""
-    db = fresh_database(pg)  # 0.3.0
+    db = fresh_database(pg, "0.3.0")
     dash = f"dash_{db}"
     pg.sql(f"CREATE ROLE {dash} LOGIN")
     pg.sql(f"GRANT pg_monitor TO {dash}")
