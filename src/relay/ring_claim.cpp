@@ -131,8 +131,8 @@ FOR UPDATE OF s SKIP LOCKED
 // in (order_lsn, id) order over every member (a merge of their order indexes), in the claimed
 // row's layout, 9 member, 10 order_lsn, 16 size for the byte budget, 17 held: the key has an
 // event_state row that waits (or failed, under block_key), which the row must not overtake, or
-// the row has one of its own (a walk again after a new worker count: failed, or given up,
-// 'discarded', is never sent from the member; the held row's copy is not written twice). A
+// the row has one of its own (a walk again after a new worker count: a keyed row failed, or
+// given up, 'discarded', is never sent from the member; its copy is not written twice). A
 // given-up event of the key holds nothing.
 // No lock: members are insert-only, and the cursor row serialises the slot's claims.
 #define OUTBOX_RING_MEMBER(n)                                                                                         \
