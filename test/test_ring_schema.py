@@ -6,6 +6,7 @@ UPDATE TO '0.4.0' from 0.3.0 with events in every state. Without the relay (outb
 its claim on the ring is tested in test_ring_relay.py."""
 
 import os
+import threading
 import uuid
 
 import psycopg
@@ -528,6 +529,37 @@ def test_runbook_update_corrects_a_failed_event_and_nothing_else(pg):
     with connect(pg, db, user=dba) as c:
         state, _ = refusal(c, "UPDATE outbox.events SET payload = 'again' WHERE event_id = %s", (poison,))
         assert state == "55000"
+    runbook_teardown(pg, db, dba, reader)
+
+
+def test_delete_or_update_of_an_event_retried_meanwhile_is_refused(pg):
+    """A DELETE or UPDATE whose statement saw the event failed while a retry() of it commits
+    (the trigger waits for the row, then finds it pending): refused, the retry stands."""
+    db, poison, after, published, dba, reader = runbook_setup(pg)
+    for statement in ("DELETE FROM outbox.events WHERE event_id = %s AND status = 'failed'",
+                      "UPDATE outbox.events SET payload = 'y' WHERE event_id = %s"):
+        pg.sql("UPDATE outbox.event_state SET status = 'failed' WHERE event_id = %s", (poison,), dbname=db)
+        outcome = {}
+        with connect(pg, db) as retrier, connect(pg, db, user=dba) as c:
+            retrier.execute("BEGIN")
+            assert retrier.execute("SELECT outbox.retry(%s)", (poison,)).fetchone() == (1,)
+            pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+            def run():
+                try:
+                    c.execute(statement, (poison,))
+                    outcome["state"] = None
+                except psycopg.Error as e:
+                    outcome["state"], outcome["message"] = e.sqlstate, str(e)
+            worker = threading.Thread(target=run)
+            worker.start()
+            wait_until(lambda: pg.value("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                        (pid,), dbname=db), 30, "the statement waits for the retry's row")
+            retrier.execute("COMMIT")
+            worker.join(30)
+        assert outcome["state"] == "55000" and "no longer failed" in outcome["message"], statement
+        assert pg.sql("SELECT status, convert_from(payload, 'UTF8') = %s FROM outbox.event_state WHERE event_id = %s",
+                      ("x" * 3000, poison), dbname=db) == [("pending", True)], statement
     runbook_teardown(pg, db, dba, reader)
 
 
