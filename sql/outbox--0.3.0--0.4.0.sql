@@ -69,6 +69,9 @@ ORDER BY e.id;
 
 -- A copy of every event that waits for a retry, failed, was quarantined or was passed by a
 -- cursor unpublished, with its attempts; the relay deletes the row when it publishes the event.
+-- 'discarded': a failed event given up (a DELETE of it from outbox.events, README's runbook):
+-- never published, shown nowhere, holding no key; the row hides its member row from the view
+-- and goes when the retention empties that member.
 CREATE TABLE outbox.event_state (
 	id               bigint      PRIMARY KEY,
 	member           smallint    NOT NULL,
@@ -89,7 +92,7 @@ CREATE TABLE outbox.event_state (
 	attempts         integer     NOT NULL DEFAULT 0,
 	next_attempt_at  timestamptz,
 	last_error       text,
-	CONSTRAINT event_state_status_check CHECK (status IN ('pending', 'failed')),
+	CONSTRAINT event_state_status_check CHECK (status IN ('pending', 'failed', 'discarded')),
 	CONSTRAINT event_state_attempts_check CHECK (attempts BETWEEN 0 AND 1000000)
 );
 CREATE INDEX event_state_lane_idx ON outbox.event_state (lane, order_lsn, id);
@@ -122,8 +125,10 @@ WHERE e.status <> 'published';
 -- published_at, kafka_partition and kafka_offset from landed; attempts, next_attempt_at and
 -- last_error from event_state; claimed_at is NULL (nothing is claimed by a lease any more).
 -- It reads every member and every landed row: a view for people and retries, not for the
--- relay. INSERT goes into the current member (rows written by hand); UPDATE and DELETE are
--- refused (triggers below).
+-- relay. INSERT goes into the current member (rows written by hand); UPDATE corrects a failed
+-- event's copy in event_state and DELETE gives a failed event up; any other UPDATE or DELETE is
+-- refused (triggers below). Where an event has an event_state row, its content columns are the
+-- copy's (what the relay publishes).
 CREATE VIEW outbox.events AS
 SELECT m.id, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers,
        CASE WHEN s.id IS NOT NULL THEN s.status WHEN p.id IS NOT NULL THEN 'published' ELSE 'pending' END AS status,
@@ -276,7 +281,9 @@ $$;
 
 -- The view over every member.
 CREATE OR REPLACE VIEW outbox.events AS
-SELECT m.id, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers,
+SELECT m.id, m.event_id, m.topic, m.key, m.lane,
+       CASE WHEN s.id IS NOT NULL THEN s.payload ELSE m.payload END AS payload,
+       CASE WHEN s.id IS NOT NULL THEN s.headers ELSE m.headers END AS headers,
        CASE WHEN s.id IS NOT NULL THEN s.status WHEN p.id IS NOT NULL THEN 'published' ELSE 'pending' END AS status,
        coalesce(s.attempts, 0) AS attempts,
        s.next_attempt_at,
@@ -286,7 +293,11 @@ SELECT m.id, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers,
        CASE WHEN s.id IS NULL THEN p.published_at END AS published_at,
        CASE WHEN s.id IS NULL THEN p.kafka_partition END AS kafka_partition,
        CASE WHEN s.id IS NULL THEN p.kafka_offset END AS kafka_offset,
-       m.order_lsn, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source
+       m.order_lsn,
+       CASE WHEN s.id IS NOT NULL THEN s.target_partition ELSE m.target_partition END AS target_partition,
+       CASE WHEN s.id IS NOT NULL THEN s.ce_content_type ELSE m.ce_content_type END AS ce_content_type,
+       CASE WHEN s.id IS NOT NULL THEN s.ce_type ELSE m.ce_type END AS ce_type,
+       CASE WHEN s.id IS NOT NULL THEN s.ce_source ELSE m.ce_source END AS ce_source
 FROM (SELECT 0::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at,
              e.order_lsn, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
       FROM outbox.events_0 e
@@ -310,6 +321,7 @@ LEFT JOIN (SELECT DISTINCT ON (l.member, u.id) l.member, u.id,
            FROM outbox.landed l, pg_catalog.unnest(l.ids) WITH ORDINALITY AS u(id, k)
            ORDER BY l.member, u.id, l.published_at) p
        ON p.member = m.member AND p.id = m.id
+WHERE s.status IS DISTINCT FROM 'discarded'
 -- An event whose member was emptied by the retention (outbox.ring_retention()) while it still
 -- waits for a retry or is failed: its event_state row is a whole copy, shown on its own.
 UNION ALL
@@ -317,7 +329,8 @@ SELECT s.id, s.event_id, s.topic, s.key, s.lane, s.payload, s.headers, s.status,
        s.last_error, s.created_at, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::bigint,
        s.order_lsn, s.target_partition, s.ce_content_type, s.ce_type, s.ce_source
 FROM outbox.event_state s
-WHERE NOT EXISTS (SELECT 1
+WHERE s.status <> 'discarded'
+  AND NOT EXISTS (SELECT 1
                   FROM (SELECT 0::smallint AS member, e.order_lsn, e.id FROM outbox.events_0 e
                         UNION ALL SELECT 1::smallint, e.order_lsn, e.id FROM outbox.events_1 e
                         UNION ALL SELECT 2::smallint, e.order_lsn, e.id FROM outbox.events_2 e
@@ -391,8 +404,10 @@ COMMENT ON TABLE outbox.ring_start IS
 -- ---------------------------------------------------------------------------------------------
 -- The view's writes. INSERT: a row written by hand goes into the current member, pending (its
 -- outcome columns must be left out); COPY into the view works the same way. INSERT ... ON
--- CONFLICT on the view is not supported (docs/upgrading.md). UPDATE and DELETE: refused.
--- SECURITY DEFINER: the rights asked are the view's (INSERT on outbox.events), never the member's.
+-- CONFLICT on the view is not supported (docs/upgrading.md). UPDATE and DELETE: of failed
+-- events only (README's runbook), below; the rest refused.
+-- SECURITY DEFINER: the rights asked are the view's (INSERT, UPDATE, DELETE on outbox.events,
+-- checked by PostgreSQL for the caller before a trigger fires), never the member's.
 -- ---------------------------------------------------------------------------------------------
 -- Whether an event with this id is kept in the ring (a member or event_state), read with the
 -- latest snapshot; 40001 when this transaction's snapshot predates it (ring_dedup.cpp).
@@ -454,26 +469,128 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION outbox.events_refuse()
-RETURNS trigger
+-- The refusal of an UPDATE or DELETE of an event that is not failed (the statement is refused
+-- whole: a row trigger's error ends it, and what it did to earlier rows is rolled back).
+CREATE FUNCTION outbox.events_refuse(op text, event_id uuid, status text)
+RETURNS void
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-	RAISE EXCEPTION 'cannot % outbox.events: its events are insert-only', TG_OP
+	RAISE EXCEPTION 'cannot % outbox.events: event % is %, and its events are insert-only', op, event_id, status
 		USING ERRCODE = 'object_not_in_prerequisite_state',
 		      DETAIL = 'On 0.4.0 outbox.events is a view over the ring of generation tables, which are never updated '
-		               'or deleted from.',
+		               'or deleted from; only a failed event (outbox.failed) can be corrected (UPDATE) or given up '
+		               '(DELETE), and a statement that matches any other event changes nothing.',
 		      HINT = 'outbox.retry() and outbox.retry_failed() put failed events back; outbox.purge() is the retention.';
 END
 $$;
 
-REVOKE ALL ON FUNCTION outbox.events_insert(), outbox.events_refuse() FROM PUBLIC;
+-- DELETE of a failed event: it is given up, as 0.3.0's DELETE of its row did. Its event_state row
+-- becomes 'discarded': the claim never takes it and it holds no key (its key's later events go,
+-- in order), outbox.events, failed, backlog and topic_metrics no longer show it, retry() no
+-- longer finds it; the row hides the event's member row (insert-only, kept) from the view until
+-- the retention empties that member, and goes with it (truncate_ring_member()). Whose member
+-- was emptied already has no member row to hide: its row goes at once (its event id is free
+-- again, as after 0.3.0's DELETE). Reading the member holds off its TRUNCATE until this commits.
+CREATE FUNCTION outbox.events_delete()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	s record;
+	member_row boolean;
+BEGIN
+	IF OLD.status IS DISTINCT FROM 'failed' THEN
+		PERFORM outbox.events_refuse(TG_OP, OLD.event_id, OLD.status);
+	END IF;
+	SELECT e.member, e.order_lsn INTO s FROM outbox.event_state e
+	WHERE e.id = OLD.id AND e.status = 'failed'
+	FOR UPDATE;
+	IF NOT FOUND THEN -- retried or given up since the statement's snapshot
+		PERFORM outbox.events_refuse(TG_OP, OLD.event_id, 'no longer failed');
+	END IF;
+	EXECUTE format('SELECT EXISTS (SELECT FROM outbox.%I e WHERE e.order_lsn = $1 AND e.id = $2)', 'events_' || s.member)
+	INTO member_row
+	USING s.order_lsn, OLD.id;
+	IF member_row THEN
+		UPDATE outbox.event_state e SET status = 'discarded' WHERE e.id = OLD.id;
+	ELSE
+		DELETE FROM outbox.event_state e WHERE e.id = OLD.id;
+	END IF;
+	-- Its key's held events are due now.
+	PERFORM outbox.wake_relay_at_commit();
+	RETURN OLD;
+END
+$$;
+
+-- UPDATE of a failed event: corrects the copy the relay publishes (its event_state row) in the
+-- columns README's runbook corrects, checked by the rules of a member row (the same C check as
+-- the members' CHECK and 0.3.0's table; SQLSTATE 23514). The other columns are the event's
+-- identity, place in its key's order and lane, or the relay's outcome: refused (the status goes
+-- back to pending through outbox.retry()). The member row is not written; once the relay has
+-- published the corrected copy, outbox.events shows the member's row again.
+CREATE FUNCTION outbox.events_update()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	changed text;
+BEGIN
+	IF OLD.status IS DISTINCT FROM 'failed' THEN
+		PERFORM outbox.events_refuse(TG_OP, OLD.event_id, OLD.status);
+	END IF;
+	SELECT pg_catalog.string_agg(c.name, ', ' ORDER BY c.n) INTO changed
+	FROM (VALUES (1, 'id', OLD.id IS DISTINCT FROM NEW.id),
+	             (2, 'event_id', OLD.event_id IS DISTINCT FROM NEW.event_id),
+	             (3, 'topic', OLD.topic IS DISTINCT FROM NEW.topic),
+	             (4, 'key', OLD.key IS DISTINCT FROM NEW.key),
+	             (5, 'lane', OLD.lane IS DISTINCT FROM NEW.lane),
+	             (6, 'status', OLD.status IS DISTINCT FROM NEW.status),
+	             (7, 'attempts', OLD.attempts IS DISTINCT FROM NEW.attempts),
+	             (8, 'next_attempt_at', OLD.next_attempt_at IS DISTINCT FROM NEW.next_attempt_at),
+	             (9, 'last_error', OLD.last_error IS DISTINCT FROM NEW.last_error),
+	             (10, 'created_at', OLD.created_at IS DISTINCT FROM NEW.created_at),
+	             (11, 'claimed_at', OLD.claimed_at IS DISTINCT FROM NEW.claimed_at),
+	             (12, 'published_at', OLD.published_at IS DISTINCT FROM NEW.published_at),
+	             (13, 'kafka_partition', OLD.kafka_partition IS DISTINCT FROM NEW.kafka_partition),
+	             (14, 'kafka_offset', OLD.kafka_offset IS DISTINCT FROM NEW.kafka_offset),
+	             (15, 'order_lsn', OLD.order_lsn IS DISTINCT FROM NEW.order_lsn)) AS c(n, name, differs)
+	WHERE c.differs;
+	IF changed IS NOT NULL THEN
+		RAISE EXCEPTION 'cannot UPDATE % of outbox.events: only a failed event''s content can be corrected', changed
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+			      DETAIL = 'On 0.4.0 an UPDATE of a failed event may change payload, headers, target_partition, '
+			               'ce_content_type, ce_type and ce_source; the other columns are the event''s identity, its '
+			               'place in its key''s order or the relay''s outcome.',
+			      HINT = 'outbox.retry() puts a failed event back to pending; enqueue a new event for another '
+			             'topic or key, and DELETE the failed one to give it up.';
+	END IF;
+	PERFORM outbox.events_row_check('pending', NEW.lane, NEW.key, NEW.event_id, NEW.topic, NEW.headers,
+	                                NEW.payload IS NOT NULL, 0, NEW.created_at, NULL, NULL, NULL, NULL, NULL,
+	                                NEW.target_partition, NEW.ce_content_type, NEW.ce_type, NEW.ce_source);
+	UPDATE outbox.event_state e
+	SET payload = NEW.payload, headers = NEW.headers, target_partition = NEW.target_partition,
+	    ce_content_type = NEW.ce_content_type, ce_type = NEW.ce_type, ce_source = NEW.ce_source
+	WHERE e.id = OLD.id AND e.status = 'failed';
+	IF NOT FOUND THEN -- retried or given up since the statement's snapshot
+		PERFORM outbox.events_refuse(TG_OP, OLD.event_id, 'no longer failed');
+	END IF;
+	RETURN NEW;
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox.events_insert(), outbox.events_refuse(text, uuid, text), outbox.events_delete(),
+                       outbox.events_update() FROM PUBLIC;
 
 CREATE TRIGGER "~outbox_insert" INSTEAD OF INSERT ON outbox.events
 	FOR EACH ROW EXECUTE FUNCTION outbox.events_insert();
-CREATE TRIGGER "~outbox_refuse" INSTEAD OF UPDATE OR DELETE ON outbox.events
-	FOR EACH ROW EXECUTE FUNCTION outbox.events_refuse();
+CREATE TRIGGER "~outbox_update" INSTEAD OF UPDATE ON outbox.events
+	FOR EACH ROW EXECUTE FUNCTION outbox.events_update();
+CREATE TRIGGER "~outbox_delete" INSTEAD OF DELETE ON outbox.events
+	FOR EACH ROW EXECUTE FUNCTION outbox.events_delete();
 
 -- ---------------------------------------------------------------------------------------------
 -- Functions that wrote 0.3.0's table.
@@ -492,7 +609,9 @@ BEGIN
 			USING ERRCODE = 'null_value_not_allowed',
 			      HINT = 'Pass the event_id shown by outbox.failed.';
 	END IF;
-	SELECT s.status INTO current_status FROM outbox.event_state s WHERE s.event_id = retry.event_id
+	-- (A row given up, 'discarded', is no event any more: not found, as after 0.3.0's DELETE.)
+	SELECT s.status INTO current_status FROM outbox.event_state s
+	WHERE s.event_id = retry.event_id AND s.status <> 'discarded'
 	ORDER BY s.status <> 'failed', s.id LIMIT 1
 	FOR UPDATE;
 	IF NOT FOUND THEN
@@ -874,7 +993,7 @@ SELECT pg_catalog.pg_extension_config_dump('outbox.cursors', '');
 
 -- ---------------------------------------------------------------------------------------------
 -- Rights. Nothing for PUBLIC. Whoever had rights on 0.3.0's table gets them on the view of its
--- name (SELECT, INSERT; UPDATE and DELETE too, which the view refuses with a hint), per table
+-- name (SELECT, INSERT; UPDATE and DELETE too, which the view allows on failed events only), per table
 -- and per column; nobody keeps any on the members, except the relay's SELECT. The relay's role
 -- (outbox.relay_role, as 0.2.0 made it) reads the members, the ring and ring_start and writes
 -- cursors, landed and event_state.

@@ -119,6 +119,78 @@ def test_poison_event_fails_blocks_its_key_and_goes_after_retry(mock_cluster, ri
     assert set(landed(pg)) == {r.event_id for r in records}
 
 
+def test_runbook_give_up_a_poison_event(mock_cluster, ring_relay):
+    """README's runbook step 4 verbatim on 0.4.0: the key's later events go, in order, and the
+    poison event never; a DELETE of a pending or a published event is refused."""
+    pg, poison, after, others = poison_setup(ring_relay, "block_key")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event in outbox.failed")
+    pg.wait_published(20)
+    for event_id in (after[0], others[0]):
+        with pytest.raises(psycopg.Error) as refused:
+            pg.sql("DELETE FROM outbox.events WHERE event_id = %s", (event_id,))
+        assert refused.value.sqlstate == "55000"
+    with pg.connect() as c:
+        cur = c.execute(f"DELETE FROM outbox.events WHERE event_id = '{poison}' AND status = 'failed';")
+        assert cur.rowcount == 1
+    pg.wait_published(22)
+    records = read_topic(mock_cluster.bootstrap, "billing", 22, settle=True)
+    assert [r.event_id for r in records if r.key == b"bad-key"] == after
+    assert poison not in {r.event_id for r in records}
+    assert pg.sql("SELECT * FROM outbox.failed") == []
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE event_id = %s", (poison,)) == 0
+    assert pg.sql("SELECT event_id::text, status FROM outbox.event_state") == [(poison, "discarded")]
+    # Later events of the key go at once, and the poison event is never sent (a later batch
+    # of the key, and the retention).
+    later = pg.value("SELECT outbox.enqueue('billing', 'bad-key', 'later')::text")
+    pg.wait_published(23)
+    records = read_topic(mock_cluster.bootstrap, "billing", 23, settle=True)
+    assert [r.event_id for r in records if r.key == b"bad-key"] == [*after, later]
+
+
+def test_runbook_correct_a_poison_event_and_retry(mock_cluster, ring_relay):
+    """README's runbook steps 2 and 3 on 0.4.0: the failed event's payload made smaller through
+    the view, then retried: the corrected event is published, then the key's later events."""
+    pg, poison, after, others = poison_setup(ring_relay, "block_key")
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event in outbox.failed")
+    pg.wait_published(20)
+    with pytest.raises(psycopg.Error) as refused:  # the key would move it to another lane
+        pg.sql("UPDATE outbox.events SET key = 'other' WHERE event_id = %s", (poison,))
+    assert refused.value.sqlstate == "55000"
+    with pg.connect() as c:
+        assert c.execute("UPDATE outbox.events SET payload = 'corrected' WHERE event_id = %s",
+                         (poison,)).rowcount == 1
+        assert c.execute("SELECT outbox.retry(%s)", (poison,)).fetchone() == (1,)
+    pg.wait_published(23)
+    records = read_topic(mock_cluster.bootstrap, "billing", 23, settle=True)
+    assert [(r.event_id, r.value) for r in records if r.key == b"bad-key"] == [
+        (poison, b"corrected"), (after[0], b"after 0"), (after[1], b"after 1")]
+    assert pg.value("SELECT count(*) FROM outbox.event_state") == 0
+    assert pg.value("SELECT convert_from(payload, 'UTF8') FROM outbox.events WHERE event_id = %s",
+                    (poison,)) == "x" * 5000  # published: the member's row, never written
+
+
+@pytest.mark.parametrize("policy", ["block_key", "skip"])
+def test_a_given_up_event_is_not_sent_by_a_walk_again(mock_cluster, ring_relay, policy):
+    """A walk of rows the slot passed already (as a new worker count's slots walk again, the
+    re-base not being built; here the cursor is set back by hand) sends the published events
+    again, but not the keyed event given up, under either policy: its own event_state row holds
+    it (and holds nothing else)."""
+    pg, poison, after, others = poison_setup(ring_relay, policy)
+    wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event in outbox.failed")
+    pg.wait_published(20)
+    pg.sql("DELETE FROM outbox.events WHERE event_id = %s AND status = 'failed'", (poison,))
+    pg.wait_published(22)
+    end = pg.value("SELECT max(order_lsn)::text FROM outbox.events_0")
+    pg.set(kafka_properties="message.max.bytes=1000000")  # it could be sent now
+    pg.sql("UPDATE outbox.cursors SET order_lsn = (SELECT order_lsn FROM outbox.ring_start), id = 0")
+    wait_until(lambda: pg.value("SELECT bool_and(order_lsn >= %s::pg_lsn) FROM outbox.cursors", (end,)), 60,
+               "the cursor past every row again")
+    records = read_topic(mock_cluster.bootstrap, "billing", 44, settle=True)
+    assert len(records) == 44  # every published event twice
+    assert poison not in {r.event_id for r in records}
+    assert pg.sql("SELECT event_id::text, status FROM outbox.event_state") == [(poison, "discarded")]
+
+
 def test_skip_policy_lets_the_key_go_on(mock_cluster, ring_relay):
     pg, poison, after, others = poison_setup(ring_relay, "skip")
     wait_until(lambda: pg.value("SELECT count(*) FROM outbox.failed") == 1, 60, "poison event in outbox.failed")

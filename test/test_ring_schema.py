@@ -6,6 +6,7 @@ UPDATE TO '0.4.0' from 0.3.0 with events in every state. Without the relay (outb
 its claim on the ring is tested in test_ring_relay.py."""
 
 import os
+import threading
 import uuid
 
 import psycopg
@@ -377,6 +378,189 @@ def test_retries_work_on_event_state(pg):
         assert c.execute("SELECT outbox.retry_failed()").fetchone() == (1,)
         assert c.execute("SELECT count(*) FROM outbox.failed").fetchone() == (0,)
     pg.sql(f"DROP DATABASE {db}")
+
+
+def runbook_setup(pg):
+    """README's "Runbook: a poison event" on 0.4.0, without the relay: a database made on 0.3.0
+    with a failed event of key 'bad-key', two later events of that key waiting behind it and one
+    published event, updated to 0.4.0 (the failed one is in event_state, as the relay leaves it).
+    Returns (db, poison, [later ids], published id, dba role: SELECT, UPDATE, DELETE on the view,
+    reader role: SELECT only)."""
+    db = fresh_database(pg)
+    tag = uuid.uuid4().hex[:6]
+    dba, reader = f"dba_{tag}", f"reader_{tag}"
+    with connect(pg, db) as c:
+        poison = c.execute("SELECT outbox.enqueue('billing', 'bad-key', %s::text)::text", ("x" * 3000,)).fetchone()[0]
+        after = [c.execute("SELECT outbox.enqueue('billing', 'bad-key', %s::text)::text", (f"after {i}",)).fetchone()[0]
+                 for i in range(2)]
+        published = c.execute("SELECT outbox.enqueue('billing', 'ok', 'fine'::text)::text").fetchone()[0]
+        c.execute("UPDATE outbox.events SET status = 'failed', attempts = 3, last_error = 'MSG_SIZE_TOO_LARGE' "
+                  "WHERE event_id = %s", (poison,))
+        c.execute("UPDATE outbox.events SET status = 'published', published_at = now(), kafka_partition = 0, "
+                  "kafka_offset = 5 WHERE event_id = %s", (published,))
+        c.execute("ALTER EXTENSION outbox UPDATE TO '0.4.0'")
+        for role in (dba, reader):
+            c.execute(f"CREATE ROLE {role} LOGIN")
+            c.execute(f"GRANT USAGE ON SCHEMA outbox TO {role}")
+            c.execute(f"GRANT SELECT ON outbox.events TO {role}")
+        c.execute(f"GRANT UPDATE, DELETE ON outbox.events TO {dba}")
+        c.execute(f"GRANT EXECUTE ON FUNCTION outbox.retry(uuid) TO {dba}")
+    return db, poison, after, published, dba, reader
+
+
+def runbook_teardown(pg, db, *roles):
+    pg.sql(f"DROP DATABASE {db}")
+    for role in roles:
+        pg.sql(f"DROP ROLE {role}")
+
+
+def ring_state(pg, db):
+    """Everything a refused statement must leave as it was."""
+    return (everything(pg, db), pg.sql("SELECT * FROM outbox.event_state ORDER BY id", dbname=db),
+            member_rows(pg, db), pg.sql("SELECT * FROM outbox.landed ORDER BY ids", dbname=db))
+
+
+def test_runbook_delete_gives_up_a_failed_event_and_nothing_else(pg):
+    db, poison, after, published, dba, reader = runbook_setup(pg)
+    before = ring_state(pg, db)
+    with connect(pg, db, user=dba) as c:
+        # A pending or a published event, or a statement that matches one besides the failed
+        # one, is refused whole (the failed one stays too).
+        for statement, params in (("DELETE FROM outbox.events WHERE event_id = %s", (after[0],)),
+                                  ("DELETE FROM outbox.events WHERE event_id = %s", (published,)),
+                                  ("DELETE FROM outbox.events WHERE key = 'bad-key'", None),
+                                  ("DELETE FROM outbox.events WHERE event_id = %s AND status = 'pending'", (after[1],))):
+            state, hint = refusal(c, statement, params)
+            assert state == "55000" and "outbox.retry()" in hint and "outbox.purge()" in hint, statement
+    with connect(pg, db, user=reader) as c:  # no DELETE right on the view
+        state, _ = refusal(c, "DELETE FROM outbox.events WHERE event_id = %s AND status = 'failed'", (poison,))
+        assert state == "42501"
+    assert ring_state(pg, db) == before
+
+    # Step 4 verbatim, by a role with DELETE on the view.
+    with connect(pg, db, user=dba) as c:
+        cur = c.execute(f"DELETE FROM outbox.events WHERE event_id = '{poison}' AND status = 'failed'")
+        assert cur.rowcount == 1
+        # Given up: not shown, not failed, not retried, not deleted twice.
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE event_id = %s", (poison,)).fetchone() == (0,)
+        state, _ = refusal(c, "SELECT outbox.retry(%s)", (poison,))
+        assert state == "P0002"
+        assert c.execute("DELETE FROM outbox.events WHERE event_id = %s", (poison,)).rowcount == 0
+    assert pg.sql("SELECT * FROM outbox.failed", dbname=db) == []
+    assert pg.sql("SELECT topic, pending, failed, published FROM outbox.backlog", dbname=db) == [("billing", 2, 0, 1)]
+    assert pg.sql("SELECT topic, pending, failed FROM outbox.topic_metrics", dbname=db) == [("billing", 2, 0)]
+    assert pg.value("SELECT outbox.retry_failed()", dbname=db) == 0
+    # The later events of its key and the published one are as they were.
+    assert [r for r in everything(pg, db)] == [r for r in before[0] if str(r[1]) != poison]
+    assert member_rows(pg, db) == before[2]
+    # Its event_state row is kept, given up, until the retention empties its member (a relay
+    # cursor past every row, as a relay writes it): then it goes with it; waiting events stay.
+    assert pg.sql("SELECT event_id::text, status FROM outbox.event_state WHERE status NOT IN ('pending')",
+                  dbname=db) == [(poison, "discarded")]
+    pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, pg_current_wal_insert_lsn(), 0, "
+           "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
+    assert pg.value("SELECT outbox.purge(interval '0')", dbname=db) == 1
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+    assert pg.sql("SELECT event_id::text, status FROM outbox.event_state ORDER BY id", dbname=db) == [
+        (after[0], "pending"), (after[1], "pending")]
+    assert pg.sql("SELECT event_id::text, status FROM outbox.events ORDER BY id", dbname=db) == [
+        (after[0], "pending"), (after[1], "pending")]
+    runbook_teardown(pg, db, dba, reader)
+
+
+def test_delete_of_a_failed_event_whose_member_was_emptied_removes_it(pg):
+    db, poison, after, published, dba, reader = runbook_setup(pg)
+    pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, pg_current_wal_insert_lsn(), 0, "
+           "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
+    pg.value("SELECT outbox.purge(interval '0')", dbname=db)
+    assert pg.value("SELECT count(*) FROM outbox.events_0", dbname=db) == 0
+    assert pg.value("SELECT status FROM outbox.events WHERE event_id = %s", (poison,), dbname=db) == "failed"
+    with connect(pg, db, user=dba) as c:
+        assert c.execute("DELETE FROM outbox.events WHERE event_id = %s AND status = 'failed'", (poison,)).rowcount == 1
+    # Nothing of it is left (no member row to hide): its event id is free again, as on 0.3.0.
+    assert pg.sql("SELECT event_id::text FROM outbox.event_state ORDER BY id", dbname=db) == [(a,) for a in after]
+    assert pg.value("SELECT outbox.enqueue('billing', 'bad-key', 'again'::text, NULL, %s)::text", (poison,),
+                    dbname=db) == poison
+    runbook_teardown(pg, db, dba, reader)
+
+
+def test_runbook_update_corrects_a_failed_event_and_nothing_else(pg):
+    db, poison, after, published, dba, reader = runbook_setup(pg)
+    before = ring_state(pg, db)
+    with connect(pg, db, user=dba) as c:
+        # Columns that are not the event's content, or whose change would move the event, are
+        # refused; so is a change of a pending or published event, or a statement matching one.
+        for column, value in (("key", "'other'"), ("topic", "'billing.other'"), ("status", "'pending'"),
+                              ("attempts", "0"), ("lane", "lane"), ("event_id", "gen_random_uuid()"),
+                              ("created_at", "now()"), ("last_error", "NULL"), ("order_lsn", "'0/1'")):
+            if column == "lane":
+                value = "(lane + 1) %% 1024"
+            state, hint = refusal(c, f"UPDATE outbox.events SET {column} = {value} WHERE event_id = %s", (poison,))
+            assert state == "55000" and "outbox.retry()" in hint, column
+        for statement, params in (("UPDATE outbox.events SET payload = 'y' WHERE event_id = %s", (after[0],)),
+                                  ("UPDATE outbox.events SET payload = 'y' WHERE event_id = %s", (published,)),
+                                  ("UPDATE outbox.events SET payload = 'y' WHERE key = 'bad-key'", None)):
+            state, hint = refusal(c, statement, params)
+            assert state == "55000" and "outbox.retry()" in hint, statement
+        # What the relay could not publish is refused as 0.3.0's row check refused it.
+        for assignment in ("headers = '{\"event_id\": \"x\"}'", "headers = '{\"n\": 1}'", "headers = '[1]'",
+                           "ce_type = 'com.example'", "target_partition = -1",
+                           "ce_content_type = 'text/plain', ce_type = '', ce_source = '/s'"):
+            state, _ = refusal(c, f"UPDATE outbox.events SET {assignment} WHERE event_id = %s", (poison,))
+            assert state == "23514", assignment
+    with connect(pg, db, user=reader) as c:  # no UPDATE right on the view
+        state, _ = refusal(c, "UPDATE outbox.events SET payload = 'y' WHERE event_id = %s", (poison,))
+        assert state == "42501"
+    assert ring_state(pg, db) == before
+
+    # Step 2: the row corrected through the view; step 3: retried.
+    with connect(pg, db, user=dba) as c:
+        cur = c.execute("UPDATE outbox.events SET payload = 'small', headers = '{\"fixed\": \"yes\"}', "
+                        "target_partition = 0 WHERE event_id = %s RETURNING status", (poison,))
+        assert cur.fetchall() == [("failed",)]
+        assert c.execute("SELECT outbox.retry(%s)", (poison,)).fetchone() == (1,)
+    # The view and the copy the relay publishes show the correction; the member row is not written.
+    assert pg.sql("SELECT convert_from(payload, 'UTF8'), headers, target_partition, status, attempts FROM outbox.events "
+                  "WHERE event_id = %s", (poison,), dbname=db) == [("small", {"fixed": "yes"}, 0, "pending", 0)]
+    assert pg.sql("SELECT convert_from(payload, 'UTF8'), target_partition, status FROM outbox.event_state "
+                  "WHERE event_id = %s", (poison,), dbname=db) == [("small", 0, "pending")]
+    assert member_rows(pg, db) == before[2]
+    # A pending event is not corrected (it is published as it is).
+    with connect(pg, db, user=dba) as c:
+        state, _ = refusal(c, "UPDATE outbox.events SET payload = 'again' WHERE event_id = %s", (poison,))
+        assert state == "55000"
+    runbook_teardown(pg, db, dba, reader)
+
+
+def test_delete_or_update_of_an_event_retried_meanwhile_is_refused(pg):
+    """A DELETE or UPDATE whose statement saw the event failed while a retry() of it commits
+    (the trigger waits for the row, then finds it pending): refused, the retry stands."""
+    db, poison, after, published, dba, reader = runbook_setup(pg)
+    for statement in ("DELETE FROM outbox.events WHERE event_id = %s AND status = 'failed'",
+                      "UPDATE outbox.events SET payload = 'y' WHERE event_id = %s"):
+        pg.sql("UPDATE outbox.event_state SET status = 'failed' WHERE event_id = %s", (poison,), dbname=db)
+        outcome = {}
+        with connect(pg, db) as retrier, connect(pg, db, user=dba) as c:
+            retrier.execute("BEGIN")
+            assert retrier.execute("SELECT outbox.retry(%s)", (poison,)).fetchone() == (1,)
+            pid = c.execute("SELECT pg_backend_pid()").fetchone()[0]
+
+            def run():
+                try:
+                    c.execute(statement, (poison,))
+                    outcome["state"] = None
+                except psycopg.Error as e:
+                    outcome["state"], outcome["message"] = e.sqlstate, str(e)
+            worker = threading.Thread(target=run)
+            worker.start()
+            wait_until(lambda: pg.value("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                        (pid,), dbname=db), 30, "the statement waits for the retry's row")
+            retrier.execute("COMMIT")
+            worker.join(30)
+        assert outcome["state"] == "55000" and "no longer failed" in outcome["message"], statement
+        assert pg.sql("SELECT status, convert_from(payload, 'UTF8') = %s FROM outbox.event_state WHERE event_id = %s",
+                      ("x" * 3000, poison), dbname=db) == [("pending", True)], statement
+    runbook_teardown(pg, db, dba, reader)
 
 
 def test_purge_rotates_but_empties_no_member_a_cursor_has_not_passed(pg):

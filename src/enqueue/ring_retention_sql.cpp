@@ -6,7 +6,8 @@
 // last row it holds, read with the latest snapshot (a REPEATABLE READ caller's snapshot could miss
 // rows committed after it began), is at or below every relay cursor. A cursor has passed a row only
 // once the row is published (its landed row goes with the member) or copied whole into
-// outbox.event_state (which stays, and outbox.events shows it on its own). Cursors are read with
+// outbox.event_state (which stays, and outbox.events shows it on its own; but a row of an event
+// given up, status 'discarded', goes with the member). Cursors are read with
 // the latest snapshot too: an older position only says "not yet".
 #include "enqueue/generation_guard.hpp"
 #include "enqueue/queue_target.hpp"
@@ -210,6 +211,9 @@ OUTBOX_SQL_FUNCTION(outbox_truncate_ring_member) {
 	for (uint64 i = 0; i < SPI_processed; i++) {
 		removed += DatumGetInt64(Column(int(i), 1));
 	}
+	// Events given up (a DELETE from outbox.events): their rows only hid the member's rows.
+	RunLatest("DELETE FROM outbox.event_state s WHERE s.member = $1 AND s.status = 'discarded'", 1, int2_type,
+	          member_value, SPI_OK_DELETE);
 
 	char *truncate_sql = psprintf("TRUNCATE outbox.%s", name);
 	outbox::AllowMemberTruncate(rel);

@@ -130,7 +130,10 @@ FOR UPDATE OF s SKIP LOCKED
 // Candidates (3): member rows of the slot's lanes after the cursor and below W,
 // in (order_lsn, id) order over every member (a merge of their order indexes), in the claimed
 // row's layout, 9 member, 10 order_lsn, 16 size for the byte budget, 17 held: the key has an
-// event_state row that waits (or failed, under block_key), which the row must not overtake.
+// event_state row that waits (or failed, under block_key), which the row must not overtake, or
+// the row has one of its own (a walk again after a new worker count: a keyed row failed, or
+// given up, 'discarded', is never sent from the member; its copy is not written twice). A
+// given-up event of the key holds nothing.
 // No lock: members are insert-only, and the cursor row serialises the slot's claims.
 #define OUTBOX_RING_MEMBER(n)                                                                                         \
 	"SELECT " #n "::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, "             \
@@ -153,7 +156,8 @@ FOR UPDATE OF s SKIP LOCKED
     "        + coalesce(octet_length(m.headers::text), 0))::bigint, " \
     "       m.key IS NOT NULL AND EXISTS (SELECT 1 FROM outbox.event_state s "                                        \
     "                                     WHERE s.topic = m.topic AND s.key = m.key "                              \
-    "                                       AND (s.status = 'pending' OR " held_param ")) "
+    "                                       AND (s.status = 'pending' OR (s.status = 'failed' AND " held_param ") " \
+    "                                            OR s.id = m.id)) "
 const char *const kMemberCandidatesSql =
     OUTBOX_RING_CANDIDATE_COLUMNS("$7")
     "FROM " OUTBOX_RING_MEMBERS " m "
