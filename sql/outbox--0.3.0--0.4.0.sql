@@ -794,8 +794,9 @@ GRANT SELECT ON outbox.ring_status TO pg_monitor;
 -- committed or aborted), each within lock_timeout. A lock not had: nothing changes, both results
 -- are NULL, and the relay asks again at its next claim. Otherwise returns the cursor rows re-based
 -- (0: none needed one, e.g. another worker re-based first) and the events copied, logged on one
--- LOG line (counts and the reason, no event data). For the relay role (RingRightsProblem), run by
--- its claim before anything else.
+-- LOG line (counts and the reason, no event data), and wakes the relay at commit. For the relay
+-- role (RingRightsProblem): its claim calls it before anything else and, when it re-based, commits
+-- it with nothing claimed (the members' locks go before any publish).
 CREATE FUNCTION outbox.ring_rebase(OUT rebased integer, OUT copied bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -899,6 +900,8 @@ BEGIN
 		WHERE r.member = g.member;
 	END IF;
 
+	-- The relay claims from the new cursors at once (the claim that called this commits first).
+	PERFORM outbox.wake_relay_at_commit();
 	RAISE LOG 'outbox: re-based % relay cursor row(s) (%): % event(s) neither published nor in outbox.event_state copied into it as pending, % kept there',
 		rebased, why, copied, kept;
 END

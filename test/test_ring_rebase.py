@@ -104,6 +104,7 @@ def test_a_restored_dump_publishes_what_was_pending_once_and_nothing_published_a
     assert new.sql("SELECT member, is_current FROM outbox.ring WHERE is_current") == [(0, True)]  # the script's
 
     new.set(workers=1)
+    new.restart()  # the launcher would start the worker of a database it found with 0 workers a minute later
     new.wait_workers_running(1)
     wait_until(lambda: published(new) == 121, 60, "the pending events published")
     # Enqueued after the re-base: into the current member the re-base derived, after the rest.

@@ -740,7 +740,12 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 	step::Execute("claim", rebase_needed_stmt, system_value, nullptr, SPI_OK_SELECT);
 	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))) {
 		step::Execute("claim", rebase_stmt, nullptr, nullptr, SPI_OK_SELECT);
-		SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		Datum rebased = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (!isnull && DatumGetInt32(rebased) > 0) {
+			// Committed by the caller with nothing claimed: the members' SHARE locks (enqueues wait
+			// on them) go now, not after a publish. The re-base wakes the workers at its commit.
+			return;
+		}
 		if (isnull) {
 			// Not now (a slot in the middle of a batch, a writer open in a member, another worker
 			// re-basing): nothing is claimed from a cursor that says nothing; asked again next claim.
@@ -752,8 +757,8 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 				        (errmsg("outbox relay: the relay cursors were made on another system (a restored dump, "
 				                "pg_upgrade, pg_resetwal) and their re-base waits for a lock: nothing is published "
 				                "until it runs"),
-				         errhint("A transaction open in a ring member (a long or prepared one that enqueued) holds "
-				                 "it off; it is tried again at every claim.")));
+				         errhint("A transaction open in a ring member (a long or prepared one that enqueued), or "
+				                 "another relay slot's batch, holds it off; it is tried again at every claim.")));
 			}
 			return;
 		}
