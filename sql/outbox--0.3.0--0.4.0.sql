@@ -6,7 +6,8 @@
 -- and each relay slot's position into outbox.cursors. outbox.events becomes a view with 0.3.0's
 -- columns. Retention rotates the current member along the ring and empties sealed members with
 -- TRUNCATE (outbox.ring_retention()); a cursor row keeps its slot's holes (open writers it
--- passed). Not built in this version: the re-base on a changed outbox.workers or a restored dump.
+-- passed); cursors of another system (a restored dump, pg_upgrade) are re-based by the relay's
+-- claim (outbox.ring_rebase()). Not built in this version: the re-base on a changed outbox.workers.
 -- Only `ALTER EXTENSION outbox UPDATE TO '0.4.0'` or `CREATE EXTENSION outbox VERSION '0.4.0'`
 -- give it (docs/upgrading.md "0.4.0 preview").
 
