@@ -6,7 +6,8 @@
 -- and each relay slot's position into outbox.cursors. outbox.events becomes a view with 0.3.0's
 -- columns. Retention rotates the current member along the ring and empties sealed members with
 -- TRUNCATE (outbox.ring_retention()); a cursor row keeps its slot's holes (open writers it
--- passed). Not built in this version: the re-base on a changed outbox.workers or a restored dump.
+-- passed); cursors of another system (a restored dump, pg_upgrade) are re-based by the relay's
+-- claim (outbox.ring_rebase()). Not built in this version: the re-base on a changed outbox.workers.
 -- Only `ALTER EXTENSION outbox UPDATE TO '0.4.0'` or `CREATE EXTENSION outbox VERSION '0.4.0'`
 -- give it (docs/upgrading.md "0.4.0 preview").
 
@@ -323,7 +324,8 @@ LEFT JOIN (SELECT DISTINCT ON (l.member, u.id) l.member, u.id,
        ON p.member = m.member AND p.id = m.id
 WHERE s.status IS DISTINCT FROM 'discarded'
 -- An event whose member was emptied by the retention (outbox.ring_retention()) while it still
--- waits for a retry or is failed: its event_state row is a whole copy, shown on its own.
+-- waits for a retry or is failed: its event_state row is a whole copy, shown on its own. (Matched
+-- by member and id, not order_lsn: a re-base renumbers event_state's, outbox.ring_rebase().)
 UNION ALL
 SELECT s.id, s.event_id, s.topic, s.key, s.lane, s.payload, s.headers, s.status, s.attempts, s.next_attempt_at,
        s.last_error, s.created_at, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::bigint,
@@ -335,7 +337,7 @@ WHERE s.status <> 'discarded'
                         UNION ALL SELECT 1::smallint, e.order_lsn, e.id FROM outbox.events_1 e
                         UNION ALL SELECT 2::smallint, e.order_lsn, e.id FROM outbox.events_2 e
                         UNION ALL SELECT 3::smallint, e.order_lsn, e.id FROM outbox.events_3 e) k
-                  WHERE k.member = s.member AND k.order_lsn = s.order_lsn AND k.id = s.id);
+                  WHERE k.member = s.member AND k.id = s.id);
 
 COMMENT ON VIEW outbox.events IS
 	'Outbox events (every ring member, with their status); write with outbox.enqueue(), watch with outbox.backlog and outbox.failed';
@@ -888,6 +890,156 @@ REVOKE ALL ON TABLE outbox.ring_status FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION outbox.ring_status(interval) TO pg_monitor;
 GRANT SELECT ON outbox.ring_status TO pg_monitor;
 
+-- ---------------------------------------------------------------------------------------------
+-- The re-base of the relay cursors (DESIGN.md "The insert-only queue", H6). A cursor says which
+-- member rows its slot passed only on the system that stamped them: a dump restored into another
+-- cluster (or database) re-stamps every member row as it is inserted (the stamp trigger is ENABLE
+-- ALWAYS) with this system's WAL positions and writers, while the restored cursors keep the old
+-- ones; pg_upgrade keeps the stamps and positions but gives a new system identifier; pg_resetwal
+-- can put the WAL insert position below them. Such a cursor is one made on another system
+-- identifier, above the WAL insert position, or below outbox.ring_start (the script's row, never
+-- dumped: a cursor is never made below it). What the relay published is known without the
+-- cursors: landed names it; event_state holds what waits, failed or was passed. So every member
+-- row in neither is copied into event_state, pending and due now (the claim's (1) sends it), and
+-- every cursor row goes to the WAL insert position with this system identifier and no holes:
+-- nothing published is sent again (pg_upgrade resends nothing), nothing unpublished is skipped.
+--
+-- Order: the claim takes event_state rows in (order_lsn, id) order, and stamps of two systems do
+-- not compare. Every event_state row gets a fresh order_lsn ('0/0' + rank, far below any stamp
+-- this system will give: each row written more than a byte of WAL): first the rows that were
+-- there, in their order (each of them was consumed before any unconsumed row of its key was
+-- committed), then the copied rows, members oldest first (by their lowest id: ids come from one
+-- sequence), each in its stamp order (a restore's stamps follow the dump's row order, which is
+-- (order_lsn, id): the members' config-dump filter below). Per-key order across members is not
+-- kept for a contended key whose transaction wrote into the older member before a rotation and
+-- committed after a later transaction of the key in the newer member (DESIGN.md "Failures").
+--
+-- The ring: a restore gives the script's ring (member 0 current, none sealed) whatever the dump
+-- had. When a member the ring calls free holds rows, the ring is derived from the rows: the member
+-- with the newest row is current, the other non-empty ones sealed now (oldest first, a
+-- millisecond apart, so the retention empties them in age order), the empty ones free.
+--
+-- Locks: the row of outbox.ring_start and every cursor row NOWAIT (one re-base at a time; a slot
+-- in the middle of a batch is not waited for), outbox.ring's rows, then the members in SHARE mode
+-- (no writer is open in them while the rows are read: every row below the new cursors is
+-- committed or aborted), each within lock_timeout. A lock not had: nothing changes, both results
+-- are NULL, and the relay asks again at its next claim. Otherwise returns the cursor rows re-based
+-- (0: none needed one, e.g. another worker re-based first) and the events copied, logged on one
+-- LOG line (counts and the reason, no event data), and wakes the relay at commit. For the relay
+-- role (RingRightsProblem): its claim calls it before anything else and, when it re-based, commits
+-- it with nothing claimed (the members' locks go before any publish).
+CREATE FUNCTION outbox.ring_rebase(OUT rebased integer, OUT copied bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET lock_timeout = '1s'
+AS $$
+DECLARE
+	sysid bigint := (SELECT s.system_identifier FROM pg_catalog.pg_control_system() s);
+	why text;
+	w pg_lsn;
+	kept bigint;
+BEGIN
+	BEGIN
+		PERFORM FROM outbox.ring_start r FOR UPDATE NOWAIT;
+		SELECT pg_catalog.string_agg(DISTINCT v.reason, ', ') INTO why
+		FROM outbox.cursors c,
+		     LATERAL (VALUES (CASE WHEN c.system_identifier <> sysid THEN 'made on another system identifier' END),
+		                     (CASE WHEN c.order_lsn > pg_catalog.pg_current_wal_insert_lsn()
+		                           THEN 'above the WAL insert position' END),
+		                     (CASE WHEN c.order_lsn < (SELECT pg_catalog.min(r.order_lsn) FROM outbox.ring_start r)
+		                           THEN 'below outbox.ring_start' END)) AS v(reason)
+		WHERE v.reason IS NOT NULL;
+		IF why IS NULL THEN
+			rebased := 0;
+			copied := 0;
+			RETURN;
+		END IF;
+		PERFORM FROM outbox.cursors c FOR UPDATE NOWAIT;
+		PERFORM FROM outbox.ring g FOR UPDATE;
+		LOCK TABLE outbox.events_0, outbox.events_1, outbox.events_2, outbox.events_3 IN SHARE MODE;
+	EXCEPTION WHEN lock_not_available THEN
+		RETURN; -- NULL, NULL: asked again at the next claim
+	END;
+	w := pg_catalog.pg_current_wal_insert_lsn();
+
+	UPDATE outbox.event_state s SET order_lsn = '0/0'::pg_lsn + o.n::numeric
+	FROM (SELECT x.id, pg_catalog.row_number() OVER (ORDER BY x.order_lsn, x.id) AS n FROM outbox.event_state x) o
+	WHERE s.id = o.id;
+	GET DIAGNOSTICS kept = ROW_COUNT;
+
+	WITH m AS (
+		-- Columns by name: events_0's physical order differs (it keeps 0.3.0's dropped columns).
+		SELECT 0::smallint AS member, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at, e.order_lsn,
+		       e.writer, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+		FROM outbox.events_0 e
+		UNION ALL
+		SELECT 1::smallint, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at, e.order_lsn,
+		       e.writer, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+		FROM outbox.events_1 e
+		UNION ALL
+		SELECT 2::smallint, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at, e.order_lsn,
+		       e.writer, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+		FROM outbox.events_2 e
+		UNION ALL
+		SELECT 3::smallint, e.id, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at, e.order_lsn,
+		       e.writer, e.target_partition, e.ce_content_type, e.ce_type, e.ce_source
+		FROM outbox.events_3 e
+	), age AS (
+		SELECT m.member, pg_catalog.min(m.id) AS first_id FROM m GROUP BY m.member
+	), published AS (
+		SELECT DISTINCT u.id FROM outbox.landed l, pg_catalog.unnest(l.ids) AS u(id)
+	)
+	INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, order_lsn,
+	                                writer, target_partition, ce_content_type, ce_type, ce_source,
+	                                status, attempts, next_attempt_at, last_error)
+	SELECT m.id, m.member, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers, m.created_at,
+	       '0/0'::pg_lsn + (kept + pg_catalog.row_number() OVER (ORDER BY a.first_id, m.order_lsn, m.id))::numeric,
+	       m.writer, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source,
+	       'pending', 0, NULL, NULL
+	FROM m JOIN age a ON a.member = m.member
+	WHERE NOT EXISTS (SELECT FROM outbox.event_state s WHERE s.id = m.id)
+	  AND NOT EXISTS (SELECT FROM published p WHERE p.id = m.id);
+	GET DIAGNOSTICS copied = ROW_COUNT;
+
+	UPDATE outbox.cursors c
+	SET order_lsn = w, id = 0, system_identifier = sysid, hole_xids = '{}', hole_froms = '{}',
+	    hole_walked_lsns = '{}', hole_walked_ids = '{}', updated_at = pg_catalog.statement_timestamp();
+	GET DIAGNOSTICS rebased = ROW_COUNT;
+
+	IF EXISTS (SELECT FROM outbox.ring g
+	           WHERE NOT g.is_current AND g.sealed_at IS NULL
+	             AND CASE g.member WHEN 0 THEN EXISTS (SELECT FROM outbox.events_0)
+	                               WHEN 1 THEN EXISTS (SELECT FROM outbox.events_1)
+	                               WHEN 2 THEN EXISTS (SELECT FROM outbox.events_2)
+	                               WHEN 3 THEN EXISTS (SELECT FROM outbox.events_3) ELSE false END) THEN
+		WITH last AS (
+			SELECT 0::smallint AS member, pg_catalog.max(e.id) AS last_id FROM outbox.events_0 e
+			UNION ALL SELECT 1::smallint, pg_catalog.max(e.id) FROM outbox.events_1 e
+			UNION ALL SELECT 2::smallint, pg_catalog.max(e.id) FROM outbox.events_2 e
+			UNION ALL SELECT 3::smallint, pg_catalog.max(e.id) FROM outbox.events_3 e
+		), ranked AS (
+			SELECT l.member,
+			       CASE WHEN l.last_id IS NOT NULL
+			            THEN pg_catalog.rank() OVER (ORDER BY l.last_id DESC NULLS LAST) - 1 END AS newer
+			FROM last l
+		)
+		UPDATE outbox.ring g
+		SET is_current = coalesce(r.newer = 0, false),
+		    opened_at = CASE WHEN r.newer IS NOT NULL THEN pg_catalog.now() - r.newer * interval '1 millisecond' END,
+		    sealed_at = CASE WHEN r.newer > 0 THEN pg_catalog.now() - r.newer * interval '1 millisecond' END
+		FROM ranked r
+		WHERE r.member = g.member;
+	END IF;
+
+	-- The relay claims from the new cursors at once (the claim that called this commits first).
+	PERFORM outbox.wake_relay_at_commit();
+	RAISE LOG 'outbox: re-based % relay cursor row(s) (%): % event(s) neither published nor in outbox.event_state copied into it as pending, % kept there',
+		rebased, why, copied, kept;
+END
+$$;
+
+REVOKE ALL ON FUNCTION outbox.ring_rebase() FROM PUBLIC;
+
 -- purge() on 0.4.0: one round of the ring's retention (batch_size is checked, as before, and
 -- otherwise unused: a member goes in one TRUNCATE).
 CREATE OR REPLACE FUNCTION outbox.purge(older_than interval DEFAULT NULL, batch_size integer DEFAULT 10000)
@@ -984,9 +1136,13 @@ SELECT pg_catalog.set_config('outbox_upgrade.metrics_acl', '', true);
 -- ring and ring_start rows are made by this script (a dump would add them twice).
 -- ---------------------------------------------------------------------------------------------
 SELECT pg_catalog.pg_extension_config_dump('outbox.events_id_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.events_1', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.events_2', '');
-SELECT pg_catalog.pg_extension_config_dump('outbox.events_3', '');
+-- The members in (order_lsn, id) order (the filter follows FROM in pg_dump's COPY, and its
+-- --inserts SELECT): a restore re-stamps them in that order, which the re-base keeps
+-- (outbox.ring_rebase()). events_0 again: as outbox.events it was dumped in physical order.
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_0', 'ORDER BY order_lsn, id');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_1', 'ORDER BY order_lsn, id');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_2', 'ORDER BY order_lsn, id');
+SELECT pg_catalog.pg_extension_config_dump('outbox.events_3', 'ORDER BY order_lsn, id');
 SELECT pg_catalog.pg_extension_config_dump('outbox.landed', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.event_state', '');
 SELECT pg_catalog.pg_extension_config_dump('outbox.cursors', '');
@@ -1058,6 +1214,8 @@ BEGIN
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_retention(interval) TO %I', relay_role);
 	-- What the retention could not empty, and why (it warns and counts it: outbox.ring_status).
 	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_status(interval) TO %I', relay_role);
+	-- The re-base of cursors of another system (its claim asks for it first when one is found).
+	EXECUTE format('GRANT EXECUTE ON FUNCTION outbox.ring_rebase() TO %I', relay_role);
 END
 $$;
 

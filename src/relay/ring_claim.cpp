@@ -19,8 +19,9 @@
 // Nothing committed is skipped: a row below W that the claim's snapshot S does not show and that
 // will still commit is a row of an open writer of the view, at or above its lowest stamp (DESIGN.md
 // "Why nothing committed is skipped"); every such writer whose lowest stamp is at or below the new
-// cursor is a hole in the cursor row committed with the cursor. Not built: the re-base of a
-// cursor on a restored dump or a changed worker count.
+// cursor is a hole in the cursor row committed with the cursor. Cursors of another system (a
+// restored dump, pg_upgrade, pg_resetwal) are re-based first (outbox.ring_rebase()). Not built:
+// the re-base on a changed worker count.
 #include "relay/ring_claim.hpp"
 
 #include "relay/relay_step.hpp"
@@ -32,6 +33,19 @@ namespace outbox {
 namespace {
 
 constexpr int kMembers = 4;
+
+// Whether a cursor row was made on another system: another system identifier, above the WAL
+// insert position, or below outbox.ring_start (never made there on this one). Such a cursor does
+// not say what its slot passed (a restored dump re-stamped every member row): the claim asks for
+// the re-base first (outbox.ring_rebase(), DESIGN.md "The insert-only queue", H6).
+const char *const kRebaseNeededSql = R"SQL(
+SELECT EXISTS (SELECT FROM outbox.cursors c
+               WHERE c.system_identifier <> $1 OR c.order_lsn > pg_current_wal_insert_lsn()
+                  OR c.order_lsn < (SELECT min(r.order_lsn) FROM outbox.ring_start r))
+)SQL";
+// NULL when it could not have its locks (a slot in a batch, a writer open in a member): nothing
+// changed.
+const char *const kRebaseSql = "SELECT r.rebased FROM outbox.ring_rebase() r";
 
 // The slot's cursor row, locked: one publisher per slot. A slot locked elsewhere (a worker of
 // another count still finishing, a user) is skipped this round.
@@ -281,6 +295,8 @@ const char *const kNextRetrySql =
     "WHERE status = 'pending' AND next_attempt_at IS NOT NULL AND next_attempt_at > now() "
     "AND (lane::integer % $1 + $1) % $1 = $2";
 
+Statement rebase_needed_stmt = {kRebaseNeededSql, 1, {INT8OID}, 0, nullptr};
+Statement rebase_stmt = {kRebaseSql, 0, {}, 0, nullptr};
 Statement cursor_lock_stmt = {kCursorLockSql, 2, {INT4OID, INT4OID}, 0, nullptr};
 Statement cursor_create_stmt = {kCursorCreateSql, 3, {INT4OID, INT4OID, INT8OID}, 0, nullptr};
 Statement cursor_move_stmt = {kCursorMoveSql,
@@ -693,6 +709,12 @@ RingRightsProblem(Oid nsp, Oid role) {
 			                need.table);
 		}
 	}
+	// The claim re-bases cursors of another system (a restored dump) through it: without it the
+	// relay would publish nothing after a restore.
+	if (!step::CanExecute(nsp, role, "ring_rebase", nullptr, 0)) {
+		return pstrdup("lacks EXECUTE on outbox.ring_rebase(), which the ring's claim calls when a cursor was made on "
+		               "another system (ALTER EXTENSION outbox UPDATE grants it)");
+	}
 	// The retention round (worker 0, while outbox.retention is not 0) calls both; without them
 	// every round would fail and roll back, and the ring would never be emptied.
 	if (settings.retention_s > 0) {
@@ -716,11 +738,41 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 	ring.lanes = lanes;
 	batch->n = 0;
 	bool isnull;
+	// 0. Cursors of another system are re-based before anything reads them (all slots at once); a
+	// slot's own cursor is made after that (kCursorCreateSql starts it at the others').
+	Datum system_value[1] = {Int64GetDatum(int64(GetSystemIdentifier()))};
+	step::Execute("claim", rebase_needed_stmt, system_value, nullptr, SPI_OK_SELECT);
+	if (DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull))) {
+		step::Execute("claim", rebase_stmt, nullptr, nullptr, SPI_OK_SELECT);
+		Datum rebased = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (!isnull && DatumGetInt32(rebased) > 0) {
+			// Committed by the caller with nothing claimed: the members' SHARE locks (enqueues wait
+			// on them) go now, not after a publish. The re-base wakes the workers at its commit.
+			return;
+		}
+		if (isnull) {
+			// Not now (a slot in the middle of a batch, a writer open in a member, another worker
+			// re-basing): nothing is claimed from a cursor that says nothing; asked again next claim.
+			static TimestampTz warned_at = 0;
+			TimestampTz now = GetCurrentTimestamp();
+			if (warned_at == 0 || TimestampDifferenceExceeds(warned_at, now, 60 * 1000)) {
+				warned_at = now;
+				ereport(WARNING,
+				        (errmsg("outbox relay: the relay cursors were made on another system (a restored dump, "
+				                "pg_upgrade, pg_resetwal) and their re-base waits for a lock: nothing is published "
+				                "until it runs"),
+				         errhint("A transaction open in a ring member (a long or prepared one that enqueued), or "
+				                 "another relay slot's batch, holds it off; it is tried again at every claim.")));
+			}
+			return;
+		}
+	}
+
 	// 1. The slot's cursor row, created when missing.
 	Datum slot_values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
 	step::Execute("claim", cursor_lock_stmt, slot_values, nullptr, SPI_OK_SELECT);
 	if (SPI_processed == 0) {
-		Datum create_values[3] = {slot_values[0], slot_values[1], Int64GetDatum(int64(GetSystemIdentifier()))};
+		Datum create_values[3] = {slot_values[0], slot_values[1], system_value[0]};
 		step::Execute("claim", cursor_create_stmt, create_values, nullptr, SPI_OK_INSERT);
 		step::Execute("claim", cursor_lock_stmt, slot_values, nullptr, SPI_OK_SELECT);
 		if (SPI_processed == 0) {
