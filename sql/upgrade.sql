@@ -1,7 +1,7 @@
--- The upgrade path exists: at the default version an update is a no-op (0.4.0, a preview, is
--- available but only by name: ALTER EXTENSION ... UPDATE TO '0.4.0'); DROP EXTENSION cleans up.
+-- The upgrade path exists: an update to the installed version is a no-op, every version is
+-- available; DROP EXTENSION cleans up.
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
-ALTER EXTENSION outbox UPDATE;
+ALTER EXTENSION outbox UPDATE TO '0.3.0';
 SELECT extversion FROM pg_extension WHERE extname = 'outbox';
 SELECT version, installed FROM pg_available_extension_versions WHERE name = 'outbox' ORDER BY version;
 
