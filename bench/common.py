@@ -87,7 +87,9 @@ class Postgres:
         settings = dict(BENCH_SETTINGS)
         settings.update(extra_settings or {})
         settings["outbox.workers"] = "0"
-        self.pg = PgCluster(settings=settings)
+        # The bench's "outbox" cells are 0.3.0's table, whatever the default version; 0.4.0's are
+        # the outbox_040 cells, in a database of their own (preview_database below).
+        self.pg = PgCluster(settings=settings, create_extension="0.3.0")
         self.pg.init().start().setup_database()
         self.workers = 0
         self._monitor = None
