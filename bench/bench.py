@@ -803,7 +803,7 @@ class Bench:
         for variant in ("outbox_040", "plain_040"):
             files[variant] = files[variant.split("_")[0]]
         # Diagnostic: the same row INSERTed straight into the preview's current ring member
-        # (outbox.events_0 in a new database: its stamp trigger, CHECK and two indexes), to tell
+        # (outbox.events_0 in a new database: its stamp trigger with the row rules, and two indexes), to tell
         # the cost of the member from the cost of the function.
         scripts["shape_040"] = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) VALUES "
                                 f"(gen_random_uuid(), 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "

@@ -5,6 +5,7 @@ the commit-order re-stamp on a member, the retries on outbox.event_state, and AL
 UPDATE TO '0.4.0' from 0.3.0 with events in every state. Without the relay (outbox.workers = 0):
 its claim on the ring is tested in test_ring_relay.py."""
 
+import json
 import os
 import threading
 import uuid
@@ -168,6 +169,121 @@ def test_insert_by_hand_into_the_view(pg):
             copy.write_row((str(uuid.uuid4()), topic, "h", lane, "copied"))
     assert pg.sql("SELECT convert_from(payload, 'UTF8'), writer <> '0' FROM outbox.events_0 WHERE topic = %s "
                   "ORDER BY id", (topic,), dbname=RING) == [("x", True), ("copied", True)]
+
+
+# Each row rule a member row can break (status, attempts and the outcome columns are not a
+# member's: the view refuses them with 0A000), as (rule, column, changes to a good row,
+# whether the lane is then computed again for the row's key and id).
+MEMBER_RULES = [
+    ("events_cloudevent_check", "ce_type", {"ce_type": "x"}, True),
+    ("events_headers_check", "headers", {"headers": [1]}, True),
+    ("events_key_length_check", "key", {"key": "k" * 2049}, True),
+    ("events_lane_check", "lane", {"lane": 1024}, False),
+    ("events_lane_of_key_check", "lane", {"lane": "other"}, False),
+    ("events_target_partition_check", "target_partition", {"target_partition": -1}, True),
+    ("events_times_check", "created_at", {"created_at": "infinity"}, True),
+    ("events_tombstone_check", "payload", {"key": None, "payload": None}, True),
+    ("events_topic_check", "topic", {"topic": "bad topic"}, True),
+]
+ROW_PATHS = ["enqueue", "view_insert", "view_copy", "member_insert", "member_insert_select", "member_copy"]
+# (column, cast) of the rows the paths below write.
+ROW_COLUMNS = [("event_id", "uuid"), ("topic", "text"), ("key", "text"), ("lane", "smallint"), ("payload", "bytea"),
+               ("headers", "jsonb"), ("created_at", "timestamptz"), ("target_partition", "integer"),
+               ("ce_type", "text")]
+
+
+@pytest.fixture(scope="module")
+def rules_db(pg):
+    """A database of its own: a trigger of the owner's on events_0 (it sorts before the stamp) makes
+    the row enqueue writes the bad one, after enqueue's own checks, when meddle.row is set."""
+    db = fresh_database(pg, "0.4.0")
+    pg.sql("CREATE FUNCTION public.meddle() RETURNS trigger LANGUAGE plpgsql AS $$ "
+           "BEGIN "
+           "  IF current_setting('meddle.row', true) IS NULL OR current_setting('meddle.row') = '' THEN RETURN NEW; END IF; "
+           "  NEW := jsonb_populate_record(NEW, current_setting('meddle.row')::jsonb); "
+           "  IF current_setting('meddle.relane') = 'on' THEN NEW.lane := outbox.lane_of(NEW.key, NEW.event_id); END IF; "
+           "  RETURN NEW; "
+           "END $$", dbname=db)
+    pg.sql("CREATE TRIGGER meddle BEFORE INSERT ON outbox.events_0 FOR EACH ROW EXECUTE FUNCTION public.meddle()",
+           dbname=db)
+    yield db
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def bad_row(c, changes, relane):
+    row = {"event_id": str(uuid.uuid4()), "topic": "rules", "key": "k", "payload": b"x", "headers": None,
+           "created_at": None, "target_partition": None, "ce_type": None}
+    row.update(changes)
+    if relane:
+        row["lane"] = c.execute("SELECT outbox.lane_of(%s, %s)", (row["key"], row["event_id"])).fetchone()[0]
+    elif row["lane"] == "other":
+        row["lane"] = (c.execute("SELECT outbox.lane_of(%s, NULL)", (row["key"],)).fetchone()[0] + 1) % 1024
+    if row["created_at"] is None:
+        row["created_at"] = "2026-12-04 00:00:00+00"  # a member's created_at is NOT NULL
+    if row["headers"] is not None:
+        row["headers"] = json.dumps(row["headers"])
+    return row
+
+
+@pytest.mark.parametrize("path", ROW_PATHS)
+@pytest.mark.parametrize("rule,column,changes,relane", MEMBER_RULES, ids=[r[0] for r in MEMBER_RULES])
+def test_each_row_rule_holds_on_every_path_into_a_member(pg, rules_db, path, rule, column, changes, relane):
+    # The members have no CHECK: their stamp trigger holds every new row to the rules (check_violation,
+    # naming the rule and the column), whoever writes it and however, and nothing goes in.
+    with connect(pg, rules_db) as c:
+        assert c.execute("SELECT count(*) FROM pg_constraint WHERE conrelid = 'outbox.events_0'::regclass "
+                         "AND contype = 'c'").fetchone()[0] == 0
+        before = c.execute("SELECT count(*) FROM outbox.events").fetchone()[0]
+        row = bad_row(c, changes, relane)
+        names = ", ".join(name for name, _ in ROW_COLUMNS)
+        values = [row[name] for name, _ in ROW_COLUMNS]
+        placeholders = ", ".join(f"%s::{cast}" for _, cast in ROW_COLUMNS)
+        with pytest.raises(psycopg.Error) as caught:
+            if path == "enqueue":  # the owner's trigger makes enqueue's row the bad one
+                meddled = dict(changes, **({"lane": row["lane"]} if "lane" in changes else {}))
+                c.execute("SELECT set_config('meddle.row', %s, false), set_config('meddle.relane', %s, false)",
+                          (json.dumps(meddled), "on" if relane else "off"))
+                c.execute("SELECT outbox.enqueue('rules', 'k', 'x'::text)")
+            elif path == "view_insert":
+                c.execute(f"INSERT INTO outbox.events ({names}) VALUES ({placeholders})", values)
+            elif path == "member_insert":
+                c.execute(f"INSERT INTO outbox.events_0 ({names}) VALUES ({placeholders})", values)
+            elif path == "member_insert_select":
+                c.execute(f"INSERT INTO outbox.events_0 ({names}) SELECT * FROM (VALUES ({placeholders})) v", values)
+            else:
+                target = "outbox.events" if path == "view_copy" else "outbox.events_0"
+                with c.cursor().copy(f"COPY {target} ({names}) FROM STDIN") as copy:
+                    copy.write_row(values)
+        c.execute("SELECT set_config('meddle.row', '', false)")
+        error = caught.value
+        assert error.sqlstate == "23514", (error.sqlstate, str(error))
+        assert error.diag.constraint_name == rule and error.diag.column_name == column, str(error)
+        assert error.diag.table_name == "events_0"
+        assert f'"{rule}"' in error.diag.message_primary and f'"{column}"' in error.diag.message_primary
+        assert "docs/sql-api.md" in error.diag.message_hint
+        assert c.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == before
+
+
+def test_a_good_row_goes_in_on_every_path_into_a_member(pg, rules_db):
+    # The paths above write a good row (so a refusal there is the rule's, not the path's).
+    with connect(pg, rules_db) as c:
+        before = c.execute("SELECT count(*) FROM outbox.events").fetchone()[0]
+        names = ", ".join(name for name, _ in ROW_COLUMNS)
+        placeholders = ", ".join(f"%s::{cast}" for _, cast in ROW_COLUMNS)
+        c.execute("SELECT outbox.enqueue('rules', 'k', 'x'::text)")
+        for path in ROW_PATHS[1:]:
+            values = [bad_row(c, {}, True)[name] for name, _ in ROW_COLUMNS]
+            if path == "view_insert":
+                c.execute(f"INSERT INTO outbox.events ({names}) VALUES ({placeholders})", values)
+            elif path == "member_insert":
+                c.execute(f"INSERT INTO outbox.events_0 ({names}) VALUES ({placeholders})", values)
+            elif path == "member_insert_select":
+                c.execute(f"INSERT INTO outbox.events_0 ({names}) SELECT * FROM (VALUES ({placeholders})) v", values)
+            else:
+                target = "outbox.events" if path == "view_copy" else "outbox.events_0"
+                with c.cursor().copy(f"COPY {target} ({names}) FROM STDIN") as copy:
+                    copy.write_row(values)
+        assert c.execute("SELECT count(*) FROM outbox.events").fetchone()[0] == before + len(ROW_PATHS)
 
 
 def test_update_delete_truncate_are_refused_and_change_nothing(pg):

@@ -3,7 +3,7 @@ INSERT plus one statement per transaction (enqueue_overhead's shape), on a throw
 the bench's settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
 
     plain      the same bytes into an ordinary table (the baseline)
-    member     an INSERT straight into the current ring member (stamp trigger, CHECK, 2 indexes)
+    member     an INSERT straight into the current ring member (stamp trigger with the row rules, 2 indexes)
     lookup     that INSERT plus outbox.current_ring_member() in the same statement (the ring
                look-up: what enqueue does before its INSERT, nothing else)
     nokey      outbox.enqueue() without a key (no commit-order work)

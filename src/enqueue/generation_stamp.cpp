@@ -1,7 +1,12 @@
 // The BEFORE INSERT trigger of a generation table (DESIGN.md "The insert-only queue"): every row,
-// whoever writes it (enqueue, an INSERT by hand, COPY), registers its transaction in the registry
-// of open writers and only then gets its order_lsn (the WAL insert position) and its writer (the
-// top-level transaction id). Its SQL object comes with the schema that has the generation tables.
+// whoever writes it (enqueue, the view's INSTEAD OF INSERT, an INSERT or COPY by hand), is held to
+// the row rules (row_check.cpp: the members have no CHECK, whose expression PostgreSQL would parse
+// again at every statement), then registers its transaction in the registry of open writers and
+// only then gets its order_lsn (the WAL insert position) and its writer (the top-level
+// transaction id). The rules need not run on UPDATE: the guard (generation_guard.cpp) lets only
+// the re-stamp's raise of order_lsn through, every other column unchanged. Its SQL object comes
+// with the schema that has the generation tables.
+#include "enqueue/row_check.hpp"
 #include "shared/open_writers.hpp"
 #include "shared/boundary.hpp"
 
@@ -22,6 +27,8 @@ OUTBOX_SQL_FUNCTION(outbox_generation_stamp) {
 		                errmsg("outbox_generation_stamp() must be a BEFORE INSERT ... FOR EACH ROW trigger")));
 	}
 	Relation rel = trigger->tg_relation;
+	// Before the registration: a refused row leaves nothing behind.
+	outbox::CheckMemberRow(rel, trigger->tg_trigtuple);
 	AttrNumber order_lsn, writer;
 	outbox::GenerationColumns(rel, &order_lsn, &writer);
 	int columns[2] = {order_lsn, writer};

@@ -1,17 +1,23 @@
 // outbox.events_row_check(...): the rules of an outbox.events row (docs/sql-api.md "The table"), all in one
-// CHECK constraint, events_row_check. enqueue writes only rows that pass; the rules stop rows
-// written by hand that the relay could not publish or would misorder.
+// CHECK constraint of 0.3.0's table, events_row_check; on 0.4.0 the ring members' stamp trigger
+// applies the same rules (CheckMemberRow, below). enqueue writes only rows that pass; the rules
+// stop rows written by hand that the relay could not publish or would misorder.
 //
 // One C function rather than a CHECK per rule: PostgreSQL builds every CHECK expression of a
 // table again for each INSERT and UPDATE statement (ExecRelCheck), so thirteen expression CHECKs
 // cost a one-row INSERT, enqueue's, several times the row itself (bench/RESULTS.md). A broken
 // rule raises check_violation with the name each rule had as a constraint of its own, checked in
-// the order PostgreSQL applied those (by name), so the error a row gets is the one it got.
+// the order PostgreSQL applied those (by name), so the error a row gets is the one it got. The
+// members have no CHECK at all: even one expression is parsed again from the catalog at every
+// statement's executor start, while the trigger runs anyway for every row (generation_stamp.cpp).
 //
 // The rules live in this library, not in the catalog: PostgreSQL does not validate existing rows
 // again when the library changes. A release that makes a rule stricter must ship an update
 // script that drops and adds events_row_check again (validating every row), or a pending row that
-// no longer passes would fail the relay's record after Kafka has acked it.
+// no longer passes would fail the relay's record after Kafka has acked it. (The members' rows are
+// never updated and leave with their member's TRUNCATE; the relay checks every row it claims.)
+#include "enqueue/row_check.hpp"
+
 #include "shared/boundary.hpp"
 #include "shared/cloudevents.hpp"
 #include "shared/kafka_names.hpp"
@@ -20,16 +26,29 @@ namespace {
 
 constexpr int kMaxAttempts = 1000000;
 
+// Where a row is checked: 0.3.0's table (its CHECK; the error as PostgreSQL's own for a
+// constraint named after the rule) or a ring member (its stamp trigger; the error names the member
+// and the column).
+struct Site {
+	const char *member; // nullptr: 0.3.0's CHECK
+};
+
 [[noreturn]] void
-Violates(const char *rule, const char *detail) {
-	ereport(ERROR, (errcode(ERRCODE_CHECK_VIOLATION),
-	                errmsg("new row for relation \"events\" violates check constraint \"%s\"", rule),
-	                errdetail("%s", detail),
-	                errhint("outbox.enqueue() writes only rows that pass; docs/sql-api.md \"The table\" lists the rules for rows "
-	                        "written by hand."),
-	                err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"),
-	                err_generic_string(PG_DIAG_TABLE_NAME, "events"),
-	                err_generic_string(PG_DIAG_CONSTRAINT_NAME, rule)));
+Violates(const Site &site, const char *rule, const char *column, const char *detail) {
+	const char *table = site.member ? site.member : "events";
+	ereport(ERROR,
+	        (errcode(ERRCODE_CHECK_VIOLATION),
+	         site.member ? errmsg("new row for relation \"%s\" violates the outbox row rule \"%s\" on column \"%s\"",
+	                              table, rule, column)
+	                     : errmsg("new row for relation \"events\" violates check constraint \"%s\"", rule),
+	         errdetail("%s", detail),
+	         site.member ? errhint("outbox.enqueue() writes only rows that pass; docs/sql-api.md \"The table\" lists the "
+	                               "rules for rows written by hand (on 0.4.0 the ring member's trigger \"~outbox_stamp\" "
+	                               "applies them).")
+	                     : errhint("outbox.enqueue() writes only rows that pass; docs/sql-api.md \"The table\" lists the "
+	                               "rules for rows written by hand."),
+	         err_generic_string(PG_DIAG_SCHEMA_NAME, "outbox"), err_generic_string(PG_DIAG_TABLE_NAME, table),
+	         err_generic_string(PG_DIAG_COLUMN_NAME, column), err_generic_string(PG_DIAG_CONSTRAINT_NAME, rule)));
 	pg_unreachable();
 }
 
@@ -76,17 +95,7 @@ ScanHeaders(Jsonb *headers) {
 	return facts;
 }
 
-bool
-Given(FunctionCallInfo fcinfo, int arg) {
-	return !PG_ARGISNULL(arg);
-}
-
-bool
-Finite(FunctionCallInfo fcinfo, int arg) {
-	return PG_ARGISNULL(arg) || !TIMESTAMP_NOT_FINITE(PG_GETARG_TIMESTAMPTZ(arg));
-}
-
-// The arguments, in the order of the CHECK in the update script.
+// The arguments, in the order of 0.3.0's CHECK.
 enum Arg {
 	kStatus,
 	kLane,
@@ -109,85 +118,177 @@ enum Arg {
 	kArgCount
 };
 
-} // namespace
+// A row's values by Arg, as the CHECK passes them (detoasted when read).
+struct Row {
+	Datum values[kArgCount];
+	bool nulls[kArgCount];
 
-OUTBOX_SQL_FUNCTION(outbox_events_row_check) {
-	if (PG_NARGS() != kArgCount) {
-		elog(ERROR, "outbox.events_row_check: %d arguments, expected %d", PG_NARGS(), int(kArgCount));
-	}
-	text *status = Given(fcinfo, kStatus) ? PG_GETARG_TEXT_PP(kStatus) : nullptr;
-	text *key = Given(fcinfo, kKey) ? PG_GETARG_TEXT_PP(kKey) : nullptr;
-	Jsonb *headers = Given(fcinfo, kHeaders) ? PG_GETARG_JSONB_P(kHeaders) : nullptr;
+	bool Given(int arg) const { return !nulls[arg]; }
+	text *Text(int arg) const { return nulls[arg] ? nullptr : DatumGetTextPP(values[arg]); }
+	bool Finite(int arg) const { return nulls[arg] || !TIMESTAMP_NOT_FINITE(DatumGetTimestampTz(values[arg])); }
+};
+
+// The rules, in the order of their names. (On a member, the rules of status, attempts and the
+// outcome columns cannot fire: CheckMemberRow passes what a member row always is.)
+void
+CheckRow(const Row &row, const Site &site) {
+	text *status = row.Text(kStatus);
+	text *key = row.Text(kKey);
+	Jsonb *headers = row.Given(kHeaders) ? DatumGetJsonbP(row.values[kHeaders]) : nullptr;
 	HeaderFacts facts = headers ? ScanHeaders(headers) : HeaderFacts{};
 
-	if (Given(fcinfo, kAttempts) && (PG_GETARG_INT32(kAttempts) < 0 || PG_GETARG_INT32(kAttempts) > kMaxAttempts)) {
-		Violates("events_attempts_check", "attempts must be between 0 and 1000000.");
+	if (row.Given(kAttempts) &&
+	    (DatumGetInt32(row.values[kAttempts]) < 0 || DatumGetInt32(row.values[kAttempts]) > kMaxAttempts)) {
+		Violates(site, "events_attempts_check", "attempts", "attempts must be between 0 and 1000000.");
 	}
-	if (!Given(fcinfo, kCeContentType)) {
-		if (Given(fcinfo, kCeType) || Given(fcinfo, kCeSource)) {
-			Violates("events_cloudevent_check",
+	if (!row.Given(kCeContentType)) {
+		if (row.Given(kCeType) || row.Given(kCeSource)) {
+			Violates(site, "events_cloudevent_check", row.Given(kCeType) ? "ce_type" : "ce_source",
 			         "ce_type and ce_source are set on CloudEvents only, with ce_content_type.");
 		}
 	} else {
-		bool empty = Empty(PG_GETARG_TEXT_PP(kCeContentType)) ||
-		             (Given(fcinfo, kCeType) && Empty(PG_GETARG_TEXT_PP(kCeType))) ||
-		             (Given(fcinfo, kCeSource) && Empty(PG_GETARG_TEXT_PP(kCeSource)));
+		const char *empty = Empty(row.Text(kCeContentType))                     ? "ce_content_type"
+		                    : row.Given(kCeType) && Empty(row.Text(kCeType))     ? "ce_type"
+		                    : row.Given(kCeSource) && Empty(row.Text(kCeSource)) ? "ce_source"
+		                                                                         : nullptr;
 		if (empty) {
-			Violates("events_cloudevent_check",
+			Violates(site, "events_cloudevent_check", empty,
 			         "A CloudEvent's ce_content_type, ce_type and ce_source must not be empty.");
 		}
 		if (facts.envelope_name) {
-			Violates("events_cloudevent_check",
+			Violates(site, "events_cloudevent_check", "headers",
 			         "A CloudEvent's headers must not name ce_* or content-type: the relay writes those itself.");
 		}
 	}
 	if (headers) {
 		if (!facts.object || !facts.string_values || facts.event_id) {
-			Violates("events_headers_check",
+			Violates(site, "events_headers_check", "headers",
 			         "headers must be NULL or a JSON object of string values without an \"event_id\" key.");
 		}
 	}
-	if ((Given(fcinfo, kKafkaPartition) && PG_GETARG_INT32(kKafkaPartition) < 0) ||
-	    (Given(fcinfo, kKafkaOffset) && PG_GETARG_INT64(kKafkaOffset) < 0)) {
-		Violates("events_kafka_position_check", "kafka_partition and kafka_offset must not be negative.");
+	bool bad_partition = row.Given(kKafkaPartition) && DatumGetInt32(row.values[kKafkaPartition]) < 0;
+	if (bad_partition || (row.Given(kKafkaOffset) && DatumGetInt64(row.values[kKafkaOffset]) < 0)) {
+		Violates(site, "events_kafka_position_check", bad_partition ? "kafka_partition" : "kafka_offset",
+		         "kafka_partition and kafka_offset must not be negative.");
 	}
 	if (key && VARSIZE_ANY_EXHDR(key) > size_t(outbox::kMaxKeyBytes)) {
-		Violates("events_key_length_check", "A key is at most 2048 bytes.");
+		Violates(site, "events_key_length_check", "key", "A key is at most 2048 bytes.");
 	}
-	int lane = Given(fcinfo, kLane) ? PG_GETARG_INT16(kLane) : 0;
-	if (Given(fcinfo, kLane) && (lane < 0 || lane >= outbox::kLaneCount)) {
-		Violates("events_lane_check", "lane must be between 0 and 1023.");
+	int lane = row.Given(kLane) ? DatumGetInt16(row.values[kLane]) : 0;
+	if (row.Given(kLane) && (lane < 0 || lane >= outbox::kLaneCount)) {
+		Violates(site, "events_lane_check", "lane", "lane must be between 0 and 1023.");
 	}
-	if (Given(fcinfo, kLane) && (key || Given(fcinfo, kEventId))) {
+	if (row.Given(kLane) && (key || row.Given(kEventId))) {
 		int expected = outbox::LaneOfEvent(key ? VARDATA_ANY(key) : nullptr, key ? VARSIZE_ANY_EXHDR(key) : 0,
-		                                   key ? nullptr : PG_GETARG_UUID_P(kEventId)->data);
+		                                   key ? nullptr : DatumGetUUIDP(row.values[kEventId])->data);
 		if (lane != expected) {
-			Violates("events_lane_of_key_check", "lane must be outbox.lane_of(key, event_id).");
+			Violates(site, "events_lane_of_key_check", "lane", "lane must be outbox.lane_of(key, event_id).");
 		}
 	}
-	if (status && TextIs(status, "published") != Given(fcinfo, kPublishedAt)) {
-		Violates("events_published_check", "published_at is set when, and only when, status is 'published'.");
+	if (status && TextIs(status, "published") != row.Given(kPublishedAt)) {
+		Violates(site, "events_published_check", "published_at",
+		         "published_at is set when, and only when, status is 'published'.");
 	}
 	if (status && !TextIs(status, "pending") && !TextIs(status, "in_flight") && !TextIs(status, "published") &&
 	    !TextIs(status, "failed")) {
-		Violates("events_status_check", "status must be 'pending', 'in_flight', 'published' or 'failed'.");
+		Violates(site, "events_status_check", "status", "status must be 'pending', 'in_flight', 'published' or 'failed'.");
 	}
-	if (Given(fcinfo, kTargetPartition) && PG_GETARG_INT32(kTargetPartition) < 0) {
-		Violates("events_target_partition_check", "target_partition must not be negative.");
+	if (row.Given(kTargetPartition) && DatumGetInt32(row.values[kTargetPartition]) < 0) {
+		Violates(site, "events_target_partition_check", "target_partition", "target_partition must not be negative.");
 	}
-	if (!Finite(fcinfo, kCreatedAt) || !Finite(fcinfo, kNextAttemptAt) || !Finite(fcinfo, kClaimedAt) ||
-	    !Finite(fcinfo, kPublishedAt)) {
-		Violates("events_times_check", "created_at, next_attempt_at, claimed_at and published_at must be finite.");
+	const char *infinite = !row.Finite(kCreatedAt)       ? "created_at"
+	                       : !row.Finite(kNextAttemptAt) ? "next_attempt_at"
+	                       : !row.Finite(kClaimedAt)     ? "claimed_at"
+	                       : !row.Finite(kPublishedAt)   ? "published_at"
+	                                                     : nullptr;
+	if (infinite) {
+		Violates(site, "events_times_check", infinite,
+		         "created_at, next_attempt_at, claimed_at and published_at must be finite.");
 	}
-	if (!PG_GETARG_BOOL(kHasPayload) && !key) {
-		Violates("events_tombstone_check", "An event without a payload (a tombstone) needs a key.");
+	if (!DatumGetBool(row.values[kHasPayload]) && !key) {
+		Violates(site, "events_tombstone_check", "payload", "An event without a payload (a tombstone) needs a key.");
 	}
-	if (!Given(fcinfo, kTopic)) {
-		PG_RETURN_BOOL(true); // NOT NULL says so
+	if (!row.Given(kTopic)) {
+		return; // NOT NULL says so
 	}
-	text *topic = PG_GETARG_TEXT_PP(kTopic);
+	text *topic = row.Text(kTopic);
 	if (const char *problem = outbox::TopicNameProblem(VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic))) {
-		Violates("events_topic_check", psprintf("Kafka refuses the topic name: %s.", problem));
+		Violates(site, "events_topic_check", "topic", psprintf("Kafka refuses the topic name: %s.", problem));
 	}
+}
+
+// A member's columns that the rules read, by Arg (the others are what a member row always is).
+struct MemberColumn {
+	Arg arg;
+	const char *name;
+	Oid type;
+};
+constexpr MemberColumn kMemberColumns[] = {
+    {kLane, "lane", INT2OID},
+    {kKey, "key", TEXTOID},
+    {kEventId, "event_id", UUIDOID},
+    {kTopic, "topic", TEXTOID},
+    {kHeaders, "headers", JSONBOID},
+    {kHasPayload, "payload", BYTEAOID},
+    {kCreatedAt, "created_at", TIMESTAMPTZOID},
+    {kTargetPartition, "target_partition", INT4OID},
+    {kCeContentType, "ce_content_type", TEXTOID},
+    {kCeType, "ce_type", TEXTOID},
+    {kCeSource, "ce_source", TEXTOID},
+};
+
+} // namespace
+
+namespace outbox {
+
+void
+CheckMemberRow(Relation rel, HeapTuple tuple) {
+	Row row;
+	for (int i = 0; i < kArgCount; i++) {
+		row.values[i] = Datum(0);
+		row.nulls[i] = true;
+	}
+	// A member row is pending, never attempted, without outcome (DESIGN.md "The insert-only queue").
+	row.values[kStatus] = CStringGetTextDatum("pending");
+	row.nulls[kStatus] = false;
+	row.values[kAttempts] = Int32GetDatum(0);
+	row.nulls[kAttempts] = false;
+	TupleDesc desc = RelationGetDescr(rel);
+	for (const MemberColumn &column : kMemberColumns) {
+		int attnum = SPI_fnumber(desc, column.name);
+		if (attnum <= 0 || TupleDescAttr(desc, attnum - 1)->atttypid != column.type) {
+			ereport(ERROR, (errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+			                errmsg("outbox: table \"%s\" has no column %s of type %s", RelationGetRelationName(rel),
+			                       column.name, format_type_be(column.type)),
+			                errhint("The trigger outbox_generation_stamp is for the extension's generation tables only.")));
+		}
+		bool null;
+		Datum value = heap_getattr(tuple, attnum, desc, &null);
+		if (column.arg == kHasPayload) { // the CHECK's `payload IS NOT NULL`
+			row.values[kHasPayload] = BoolGetDatum(!null);
+			row.nulls[kHasPayload] = false;
+			continue;
+		}
+		row.values[column.arg] = value;
+		row.nulls[column.arg] = null;
+	}
+	CheckRow(row, Site{RelationGetRelationName(rel)});
+}
+
+} // namespace outbox
+
+OUTBOX_SQL_FUNCTION(outbox_events_row_check) {
+	if (PG_NARGS() != kArgCount) {
+		elog(ERROR, "outbox.events_row_check: %d arguments, expected %d", PG_NARGS(), int(kArgCount));
+	}
+	Row row;
+	for (int i = 0; i < kArgCount; i++) {
+		row.values[i] = PG_GETARG_DATUM(i);
+		row.nulls[i] = PG_ARGISNULL(i);
+	}
+	if (row.nulls[kHasPayload]) { // `payload IS NOT NULL` never is
+		row.values[kHasPayload] = BoolGetDatum(false);
+	}
+	CheckRow(row, Site{nullptr});
 	PG_RETURN_BOOL(true);
 }
