@@ -505,15 +505,19 @@ BEGIN
 	IF OLD.status IS DISTINCT FROM 'failed' THEN
 		PERFORM outbox.events_refuse(TG_OP, OLD.event_id, OLD.status);
 	END IF;
-	SELECT e.member, e.order_lsn INTO s FROM outbox.event_state e
+	SELECT e.member INTO s FROM outbox.event_state e
 	WHERE e.id = OLD.id AND e.status = 'failed'
 	FOR UPDATE;
 	IF NOT FOUND THEN -- retried or given up since the statement's snapshot
 		PERFORM outbox.events_refuse(TG_OP, OLD.event_id, 'no longer failed');
 	END IF;
-	EXECUTE format('SELECT EXISTS (SELECT FROM outbox.%I e WHERE e.order_lsn = $1 AND e.id = $2)', 'events_' || s.member)
+	-- By id alone (a scan of the member: an operator's statement, not the hot path): after a
+	-- restore the member row has the restore's stamp and event_state keeps the dump's (renumbered
+	-- by a re-base), and a row thought gone would be deleted here and its member row be pending
+	-- again, sent by the next re-base.
+	EXECUTE format('SELECT EXISTS (SELECT FROM outbox.%I e WHERE e.id = $1)', 'events_' || s.member)
 	INTO member_row
-	USING s.order_lsn, OLD.id;
+	USING OLD.id;
 	IF member_row THEN
 		UPDATE outbox.event_state e SET status = 'discarded' WHERE e.id = OLD.id;
 	ELSE
