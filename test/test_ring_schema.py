@@ -502,7 +502,7 @@ def runbook_setup(pg):
     published event, updated to 0.4.0 (the failed one is in event_state, as the relay leaves it).
     Returns (db, poison, [later ids], published id, dba role: SELECT, UPDATE, DELETE on the view,
     reader role: SELECT only)."""
-    db = fresh_database(pg)
+    db = fresh_database(pg, "0.3.0")
     tag = uuid.uuid4().hex[:6]
     dba, reader = f"dba_{tag}", f"reader_{tag}"
     with connect(pg, db) as c:
