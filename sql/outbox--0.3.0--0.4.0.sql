@@ -84,6 +84,9 @@ CREATE TABLE outbox.event_state (
 	headers          jsonb,
 	created_at       timestamptz NOT NULL,
 	order_lsn        pg_lsn      NOT NULL,
+	-- The member row's own stamp (order_lsn until a re-base renumbers that): the view finds the
+	-- member row by (member_lsn, id), its member's order index.
+	member_lsn       pg_lsn      NOT NULL,
 	writer           xid8        NOT NULL,
 	target_partition integer,
 	ce_content_type  text,
@@ -108,10 +111,10 @@ COMMENT ON TABLE outbox.event_state IS
 -- in_flight row of a 0.1.0 relay too), with their attempts, their retry time (NULL: due now) and
 -- last error. 0.3.0's rows had no writer: 0.
 INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, order_lsn,
-                                writer, target_partition, ce_content_type, ce_type, ce_source,
+                                member_lsn, writer, target_partition, ce_content_type, ce_type, ce_source,
                                 status, attempts, next_attempt_at, last_error)
 SELECT e.id, 0, e.event_id, e.topic, e.key, e.lane, e.payload, e.headers, e.created_at, e.order_lsn,
-       '0', e.target_partition, e.ce_content_type, e.ce_type, e.ce_source,
+       e.order_lsn, '0', e.target_partition, e.ce_content_type, e.ce_type, e.ce_source,
        CASE WHEN e.status = 'failed' THEN 'failed' ELSE 'pending' END, e.attempts, e.next_attempt_at, e.last_error
 FROM outbox.events_0 e
 WHERE e.status <> 'published';
@@ -323,7 +326,8 @@ LEFT JOIN (SELECT DISTINCT ON (l.member, u.id) l.member, u.id,
 WHERE s.status IS DISTINCT FROM 'discarded'
 -- An event whose member was emptied by the retention (outbox.ring_retention()) while it still
 -- waits for a retry or is failed: its event_state row is a whole copy, shown on its own. (Matched
--- by member and id, not order_lsn: a re-base renumbers event_state's, outbox.ring_rebase().)
+-- by member_lsn, the member row's stamp, not order_lsn, which a re-base renumbers
+-- (outbox.ring_rebase()): a probe of the member's order index.)
 UNION ALL
 SELECT s.id, s.event_id, s.topic, s.key, s.lane, s.payload, s.headers, s.status, s.attempts, s.next_attempt_at,
        s.last_error, s.created_at, NULL::timestamptz, NULL::timestamptz, NULL::integer, NULL::bigint,
@@ -335,7 +339,7 @@ WHERE s.status <> 'discarded'
                         UNION ALL SELECT 1::smallint, e.order_lsn, e.id FROM outbox.events_1 e
                         UNION ALL SELECT 2::smallint, e.order_lsn, e.id FROM outbox.events_2 e
                         UNION ALL SELECT 3::smallint, e.order_lsn, e.id FROM outbox.events_3 e) k
-                  WHERE k.member = s.member AND k.id = s.id);
+                  WHERE k.member = s.member AND (k.order_lsn, k.id) = (s.member_lsn, s.id));
 
 COMMENT ON VIEW outbox.events IS
 	'Outbox events (every ring member, with their status); write with outbox.enqueue(), watch with outbox.backlog and outbox.failed';
@@ -968,6 +972,14 @@ BEGIN
 	FROM (SELECT x.id, pg_catalog.row_number() OVER (ORDER BY x.order_lsn, x.id) AS n FROM outbox.event_state x) o
 	WHERE s.id = o.id;
 	GET DIAGNOSTICS kept = ROW_COUNT;
+	-- member_lsn: the restored member row's stamp (matched by member and id, a scan here once), so
+	-- the view's probe by (member_lsn, id) finds it; a row whose member row is gone keeps its own.
+	UPDATE outbox.event_state s SET member_lsn = k.order_lsn
+	FROM (SELECT 0::smallint AS member, e.order_lsn, e.id FROM outbox.events_0 e
+	      UNION ALL SELECT 1::smallint, e.order_lsn, e.id FROM outbox.events_1 e
+	      UNION ALL SELECT 2::smallint, e.order_lsn, e.id FROM outbox.events_2 e
+	      UNION ALL SELECT 3::smallint, e.order_lsn, e.id FROM outbox.events_3 e) k
+	WHERE k.member = s.member AND k.id = s.id AND s.member_lsn <> k.order_lsn;
 
 	WITH m AS (
 		-- Columns by name: events_0's physical order differs (it keeps 0.3.0's dropped columns).
@@ -992,11 +1004,11 @@ BEGIN
 		SELECT DISTINCT u.id FROM outbox.landed l, pg_catalog.unnest(l.ids) AS u(id)
 	)
 	INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, order_lsn,
-	                                writer, target_partition, ce_content_type, ce_type, ce_source,
+	                                member_lsn, writer, target_partition, ce_content_type, ce_type, ce_source,
 	                                status, attempts, next_attempt_at, last_error)
 	SELECT m.id, m.member, m.event_id, m.topic, m.key, m.lane, m.payload, m.headers, m.created_at,
 	       '0/0'::pg_lsn + (kept + pg_catalog.row_number() OVER (ORDER BY a.first_id, m.order_lsn, m.id))::numeric,
-	       m.writer, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source,
+	       m.order_lsn, m.writer, m.target_partition, m.ce_content_type, m.ce_type, m.ce_source,
 	       'pending', 0, NULL, NULL
 	FROM m JOIN age a ON a.member = m.member
 	WHERE NOT EXISTS (SELECT FROM outbox.event_state s WHERE s.id = m.id)

@@ -92,8 +92,8 @@ def empty_member_zero_with_one_failed_event(pg, db, event_id):
     the event is known by its event_state row alone."""
     pg.sql("SELECT outbox.enqueue('dedup', 'k', 'x'::text, NULL, %s)", (event_id,), dbname=db)
     pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, "
-           "order_lsn, writer, status, attempts, last_error) "
-           "SELECT id, 0, event_id, topic, key, lane, payload, headers, created_at, order_lsn, writer, 'failed', 1, "
+           "order_lsn, member_lsn, writer, status, attempts, last_error) "
+           "SELECT id, 0, event_id, topic, key, lane, payload, headers, created_at, order_lsn, order_lsn, writer, 'failed', 1, "
            "'poison' FROM outbox.events_0", dbname=db)
     pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, pg_current_wal_insert_lsn(), 0, "
            "(SELECT system_identifier FROM pg_control_system()), now())", dbname=db)
@@ -143,9 +143,9 @@ def test_retry_puts_back_only_the_failed_row_of_an_event_id(pg):
     event_id = str(uuid.uuid4())
     empty_member_zero_with_one_failed_event(pg, db, event_id)
     pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, created_at, order_lsn, "
-           "writer, status, attempts, next_attempt_at, last_error) "
+           "member_lsn, writer, status, attempts, next_attempt_at, last_error) "
            "SELECT nextval('outbox.events_id_seq'), 1, event_id, topic, key, lane, payload, created_at, order_lsn, "
-           "writer, 'pending', 3, now() + interval '1 hour', 'broker down' FROM outbox.event_state", dbname=db)
+           "member_lsn, writer, 'pending', 3, now() + interval '1 hour', 'broker down' FROM outbox.event_state", dbname=db)
     assert pg.value("SELECT outbox.retry(%s)", (event_id,), dbname=db) == 1
     assert pg.sql("SELECT status, attempts, next_attempt_at IS NULL FROM outbox.event_state ORDER BY id",
                   dbname=db) == [("pending", 0, True), ("pending", 3, False)]
@@ -162,9 +162,9 @@ def test_retry_returns_how_many_rows_of_an_event_id_it_put_back(pg):
     event_id = str(uuid.uuid4())
     empty_member_zero_with_one_failed_event(pg, db, event_id)
     pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, created_at, order_lsn, "
-           "writer, status, attempts, next_attempt_at, last_error) "
+           "member_lsn, writer, status, attempts, next_attempt_at, last_error) "
            "SELECT nextval('outbox.events_id_seq'), 1, event_id, topic, key, lane, payload, created_at, order_lsn, "
-           "writer, 'failed', 5, NULL, 'broker down' FROM outbox.event_state", dbname=db)
+           "member_lsn, writer, 'failed', 5, NULL, 'broker down' FROM outbox.event_state", dbname=db)
     assert pg.value("SELECT outbox.retry(%s)", (event_id,), dbname=db) == 2
     assert pg.sql("SELECT status, attempts FROM outbox.event_state ORDER BY id", dbname=db) == [
         ("pending", 0), ("pending", 0)]
@@ -372,4 +372,45 @@ def test_without_the_rings_trigger_every_transaction_reads_the_ring(pg, how):
             mover.execute("UPDATE outbox.ring SET is_current = (member = 2)")
         writer.execute("SELECT outbox.enqueue('keep', 'k', 'c'::text)")
     assert [member_of(pg, db, p) for p in ("a", "b", "c")] == [0, 0, 2]
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def whole_reads(plan, relation):
+    """The scans of member `relation` in a plan (EXPLAIN FORMAT JSON) that read it whole: a Seq
+    Scan, or an index scan bounded by neither leading column of its indexes (order_lsn of the
+    order index, event_id), e.g. the order index walked for an id alone."""
+    found = []
+    def walk(node):
+        cond = node.get("Index Cond", "")
+        if node.get("Relation Name") == relation and "order_lsn" not in cond and "event_id" not in cond:
+            found.append((node["Node Type"], cond))
+        for child in node.get("Plans", []):
+            walk(child)
+    walk(plan[0]["Plan"])
+    return found
+
+
+def test_the_view_finds_a_failed_events_member_row_by_its_order_index_also_after_a_re_base(pg):
+    """outbox.events matches an event_state row to its member row by the member row's stamp
+    (member_lsn), a probe of the member's order index: a status lookup of a failed event reads
+    no member whole, before and after a re-base renumbers event_state's order_lsn."""
+    db = fresh_database(pg, "0.4.0")
+    event_id = str(uuid.uuid4())
+    pg.sql("SELECT outbox.enqueue('probe', 'k' || g, 'x'::text) FROM generate_series(1, 20000) g", dbname=db)
+    pg.sql("SELECT outbox.enqueue('probe', 'poison', 'x'::text, NULL, %s)", (event_id,), dbname=db)
+    pg.sql("INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, "
+           "order_lsn, member_lsn, writer, status, attempts, last_error) "
+           "SELECT id, 0, event_id, topic, key, lane, payload, headers, created_at, order_lsn, order_lsn, writer, "
+           "'failed', 1, 'poison' FROM outbox.events_0 WHERE event_id = %s", (event_id,), dbname=db)
+    query = "EXPLAIN (FORMAT JSON) SELECT status FROM outbox.events WHERE event_id = %s"
+    pg.sql("ANALYZE", dbname=db)
+    assert whole_reads(pg.value(query, (event_id,), dbname=db), "events_0") == []
+    # A cursor of another system: the re-base renumbers every event_state row's order_lsn.
+    pg.sql("INSERT INTO outbox.cursors VALUES (1, 0, pg_current_wal_insert_lsn(), 0, 1, now())", dbname=db)
+    assert pg.sql("SELECT * FROM outbox.ring_rebase()", dbname=db)[0][0] == 1
+    assert pg.value("SELECT order_lsn < '0/100000' FROM outbox.event_state WHERE event_id = %s",
+                    (event_id,), dbname=db) is True
+    pg.sql("ANALYZE", dbname=db)
+    assert whole_reads(pg.value(query, (event_id,), dbname=db), "events_0") == []
+    assert pg.sql("SELECT status FROM outbox.events WHERE event_id = %s", (event_id,), dbname=db) == [("failed",)]
     pg.sql(f"DROP DATABASE {db}")

@@ -269,10 +269,10 @@ const char *const kStateInsertSql =
     "), src AS (" OUTBOX_RING_SOURCE(0) " UNION ALL " OUTBOX_RING_SOURCE(1) " UNION ALL " OUTBOX_RING_SOURCE(2)
     " UNION ALL " OUTBOX_RING_SOURCE(3) "), inserted AS ("
     "  INSERT INTO outbox.event_state (id, member, event_id, topic, key, lane, payload, headers, created_at, "
-    "      order_lsn, writer, target_partition, ce_content_type, ce_type, ce_source, status, attempts, "
+    "      order_lsn, member_lsn, writer, target_partition, ce_content_type, ce_type, ce_source, status, attempts, "
     "      next_attempt_at, last_error) "
     "  SELECT src.id, src.member, src.event_id, src.topic, src.key, src.lane, src.payload, src.headers, "
-    "      src.created_at, src.order_lsn, src.writer, src.target_partition, src.ce_content_type, src.ce_type, "
+    "      src.created_at, src.order_lsn, src.order_lsn, src.writer, src.target_partition, src.ce_content_type, src.ce_type, "
     "      src.ce_source, "
     "      CASE src.outcome WHEN 'x' THEN 'failed' WHEN 'r' THEN CASE WHEN 1 >= $6 THEN 'failed' ELSE 'pending' END "
     "                       ELSE 'pending' END, "
