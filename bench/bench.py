@@ -1087,7 +1087,9 @@ class Bench:
                "seconds": s["health_seconds"],
                "achieved_rate": round(enqueued / s["health_seconds"], 1), "per_transaction": per_tx,
                "tables": tables_kept,
-               "retention": s["health_retention"], "purge_interval_s": 60, "samples": samples,
+               "retention": s["health_retention"], "samples": samples,
+               # the relay's retention round: every minute, or a tenth of the retention, at least 1 s
+               "retention_interval_s": max(1, min(60, common.seconds(s["health_retention"]) / 10)),
                "peak_total_mb_middle_third": round(mid / 1048576, 2) if mid else None,
                "peak_total_mb_last_third": round(last / 1048576, 2) if last else None,
                "growth_last_vs_middle_pct": round(100 * (last / mid - 1), 1) if mid and last else None,
