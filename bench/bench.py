@@ -47,6 +47,9 @@ BURST_SHAPES = {"burst_4topic_3x6": (6, "ds_burst_1024", 1024)}
 BURST_BROKERS = {"burst_4topic_1broker": 1}
 # outbox_040: the 0.4.0 preview's relay (CREATE EXTENSION outbox VERSION '0.4.0' in a database of
 # its own, common.PREVIEW_DB) on the same data set; skipped with the reason when it cannot run.
+# table_health: the 0.4.0 preview by default (issue 16 item 4 is measured there), 0.3.0 on request.
+HEALTH_SYSTEMS = ["outbox_040", "outbox"]
+HEALTH_SYSTEMS_DEFAULT = ["outbox_040"]
 BURST_SYSTEMS = ["outbox", "outbox_040", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
 
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
@@ -951,35 +954,74 @@ class Bench:
         return res
 
     def w_table_health(self):
-        """Sustained load with retention on, --runs runs: the workload's record is the run with
-        the median growth (its timeline is the chart), plus every run's figures."""
-        runs = []
-        for r in range(self.runs):
-            res = self.cell(f"table-health-r{r}", lambda: self.table_health_run(r))
-            if res is not None:
-                runs.append(res)
-        if not runs:
+        """Sustained load with retention on, --runs runs of each of --health-systems (default the
+        0.4.0 preview, outbox_040): the workload's record is the first system's run with the
+        median growth (its timeline is the chart), plus every run's figures and each system's
+        median run (systems)."""
+        systems = HEALTH_SYSTEMS_DEFAULT
+        if self.args.health_systems:
+            systems = [x.strip() for x in self.args.health_systems.split(",") if x.strip()]
+        unknown = [x for x in systems if x not in HEALTH_SYSTEMS]
+        if unknown or not systems:
+            raise ValueError(f"--health-systems: {unknown or systems} (accepted: {', '.join(HEALTH_SYSTEMS)})")
+        if "outbox_040" in systems and self.preview_reason is None:
+            self.preview_reason = common.preview_available(self.db) or ""
+        by_system = {}
+        all_runs = []
+        for system in systems:
+            runs = []
+            for r in range(self.runs):
+                if system in self.results["skipped"].get("table_health", {}):
+                    break
+
+                def one():
+                    try:
+                        return self.table_health_run(r, system)
+                    except common.Skipped as e:
+                        self.skip("table_health", system, str(e))
+                        return None
+                res = self.cell(f"table-health-{system.replace('_', '-')}-r{r}", one)
+                if res is not None:
+                    runs.append(res)
+            if runs:
+                med = self.median_run(runs, key=lambda x: x["growth_last_vs_middle_pct"]
+                                      if x["growth_last_vs_middle_pct"] is not None else 0)
+                med["runs"] = [{k: v for k, v in x.items() if k != "samples"} for x in runs]
+                by_system[system] = med
+                all_runs += med["runs"]
+        if not by_system:
             raise RuntimeError("table health: no run completed")
-        res = self.median_run(runs, key=lambda x: x["growth_last_vs_middle_pct"])
-        res["runs"] = [{k: v for k, v in x.items() if k != "samples"} for x in runs]
+        res = dict(by_system[next(x for x in systems if x in by_system)])
+        res["runs"] = all_runs
+        res["systems"] = by_system
         self.results["workloads"]["table_health"] = res
         self.save()
         return res
 
-    def table_health_run(self, r):
+    def table_health_run(self, r, system="outbox"):
         """Size of the extension's tables and their indexes (every table of schema outbox:
         0.3.0's events; 0.4.0's members, landed, event_state, ...) over time under a steady
-        enqueue rate with retention on and autovacuum at its defaults."""
+        enqueue rate with retention on and autovacuum at its defaults. system outbox: 0.3.0 in
+        "postgres"; outbox_040: the 0.4.0 preview (common.preview_database, a database of its
+        own, with its relay of one worker; the 0.3.0 relay of "postgres" paused)."""
         s = self.sizes
         db = self.db
         self.prepare("outbox", 1, s["rtt_ms"], retention=s["health_retention"])
-        topic = self.mock.new_topic(f"health-r{r}")
+        target = db
+        preview = system == "outbox_040"
+        if preview:
+            if self.preview_reason:
+                raise common.Skipped(self.preview_reason)
+        topic = self.mock.new_topic(f"health-{system.replace('_', '-')}-r{r}")
         rate = s["health_rate"]
         per_tx = max(10, rate // 100)  # at most 100 commits a second (each waits for its WAL flush)
         interval = per_tx / rate
         samples = []
         tables = "FROM pg_class c WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'r'"
         stats = "FROM pg_stat_user_tables WHERE schemaname = 'outbox'"
+        # 0.4.0: how many of the ring's members hold rows (the retention TRUNCATEs sealed ones).
+        members = ("(SELECT " + " + ".join(f"(EXISTS (SELECT FROM outbox.events_{m}))::int" for m in range(4))
+                   + ")") if preview else "NULL::int"
         sizes_sql = (f"SELECT (SELECT sum(pg_relation_size(c.oid)) {tables}), "
                      f"(SELECT sum(pg_indexes_size(c.oid)) {tables}), "
                      f"(SELECT sum(pg_total_relation_size(c.oid)) {tables}), "
@@ -987,10 +1029,20 @@ class Bench:
                      "(SELECT count(*) FROM outbox.events WHERE status <> 'published'), "
                      f"(SELECT sum(n_dead_tup) {stats}), (SELECT sum(autovacuum_count) {stats}), "
                      f"(SELECT sum(vacuum_count) {stats}), "
-                     "(SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM outbox.workers)")
+                     "(SELECT string_agg(state || coalesce(' (' || last_error || ')', ''), ', ') FROM outbox.workers), "
+                     f"{members}")
+        per_table_sql = ("SELECT c.relname, pg_total_relation_size(c.oid), coalesce(st.n_live_tup, 0), "
+                         "coalesce(st.n_dead_tup, 0), coalesce(st.autovacuum_count, 0) FROM pg_class c "
+                         "LEFT JOIN pg_stat_user_tables st ON st.relid = c.oid "
+                         "WHERE c.relnamespace = 'outbox'::regnamespace AND c.relkind = 'r' ORDER BY 1")
         enqueued = 0
         try:
-            with db.connect(autocommit=False) as c, db.connect() as mon:
+            if preview:
+                common.relay_paused(db, True)  # the 0.3.0 relay of "postgres": nothing to do, but off
+                common.preview_database(db)  # autovacuum at its defaults there
+                common.preview_relay_ready(db, 1)
+                target = common.Database(db, common.PREVIEW_DB)
+            with target.connect(autocommit=False) as c, target.connect() as mon:
                 start = time.monotonic()
                 next_sample = 0.0
                 i = 0
@@ -1007,33 +1059,60 @@ class Bench:
                     el = time.monotonic() - start
                     if el >= next_sample:
                         row = mon.execute(sizes_sql).fetchone()
+                        per_table = {t: {"total_bytes": int(b), "live": int(lv), "dead": int(d), "autovacuums": int(a)}
+                                     for t, b, lv, d, a in mon.execute(per_table_sql).fetchall()}
                         samples.append({"t": round(el, 1), "table_bytes": int(row[0]), "index_bytes": int(row[1]),
                                         "total_bytes": int(row[2]), "rows": row[3], "unpublished": row[4],
                                         "dead_tuples": int(row[5] or 0), "autovacuums": int(row[6] or 0),
-                                        "vacuums": int(row[7] or 0), "enqueued": enqueued, "worker": row[8]})
+                                        "vacuums": int(row[7] or 0), "enqueued": enqueued, "worker": row[8],
+                                        "members_nonempty": row[9], "per_table": per_table})
                         next_sample += 5.0
-            common.wait_until(lambda: db.value(
+            common.wait_until(lambda: target.value(
                 "SELECT count(*) FROM outbox.events WHERE status <> 'published'") == 0, 120, "health drained")
+            tables_kept = [t for (t,) in target.sql("SELECT relname FROM pg_class WHERE relnamespace = "
+                                                    "'outbox'::regnamespace AND relkind = 'r' ORDER BY 1")]
+            extversion = target.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'")
         finally:
+            if preview:
+                db.sql(f'DROP DATABASE IF EXISTS "{common.PREVIEW_DB}" WITH (FORCE)')
+                common.relay_paused(db, False)
             db.configure(db.workers, retention="7d")
         third = s["health_seconds"] / 3
 
-        def peak(lo, hi):
-            xs = [x["total_bytes"] for x in samples if lo <= x["t"] < hi]
+        def peak(lo, hi, field="total_bytes"):
+            xs = [x[field] for x in samples if lo <= x["t"] < hi]
             return max(xs) if xs else None
         mid, last = peak(third, 2 * third), peak(2 * third, s["health_seconds"] + 1)
-        res = {"run": r, "events": enqueued, "rate": rate, "seconds": s["health_seconds"],
+        res = {"run": r, "system": system, "extversion": extversion, "events": enqueued, "rate": rate,
+               "seconds": s["health_seconds"],
                "achieved_rate": round(enqueued / s["health_seconds"], 1), "per_transaction": per_tx,
-               "tables": [t for (t,) in db.sql("SELECT relname FROM pg_class WHERE relnamespace = "
-                                               "'outbox'::regnamespace AND relkind = 'r' ORDER BY 1")],
-               "retention": s["health_retention"], "purge_interval_s": 60, "samples": samples,
+               "tables": tables_kept,
+               "retention": s["health_retention"], "samples": samples,
+               # the relay's retention round: every minute, or a tenth of the retention, at least 1 s
+               "retention_interval_s": max(1, min(60, common.seconds(s["health_retention"]) / 10)),
                "peak_total_mb_middle_third": round(mid / 1048576, 2) if mid else None,
                "peak_total_mb_last_third": round(last / 1048576, 2) if last else None,
                "growth_last_vs_middle_pct": round(100 * (last / mid - 1), 1) if mid and last else None,
-               "final_rows": samples[-1]["rows"] if samples else None}
-        log(f"  table health run {r}: {enqueued} events at {rate}/s (achieved {res['achieved_rate']}/s) with retention {s['health_retention']}: "
-            f"peak table+index {res['peak_total_mb_middle_third']} MB in the middle third, "
-            f"{res['peak_total_mb_last_third']} MB in the last third")
+               "peak_rows_middle_third": peak(third, 2 * third, "rows"),
+               "peak_rows_last_third": peak(2 * third, s["health_seconds"] + 1, "rows"),
+               "peak_dead_tuples_last_third": peak(2 * third, s["health_seconds"] + 1, "dead_tuples"),
+               "final_rows": samples[-1]["rows"] if samples else None,
+               "final_dead_tuples": samples[-1]["dead_tuples"] if samples else None,
+               "autovacuums": samples[-1]["autovacuums"] if samples else None,
+               "max_members_nonempty": max((x["members_nonempty"] or 0 for x in samples), default=None)
+               if preview else None}
+        if samples:
+            # Each table's peak size in the middle and the last third: where any growth is.
+            res["per_table_peak_mb"] = {
+                t: [round(max((x["per_table"].get(t, {}).get("total_bytes", 0) for x in samples
+                               if lo <= x["t"] < hi), default=0) / 1048576, 2)
+                    for lo, hi in ((third, 2 * third), (2 * third, s["health_seconds"] + 1))]
+                for t in samples[-1]["per_table"]}
+            res["per_table_autovacuums"] = {t: v["autovacuums"] for t, v in samples[-1]["per_table"].items()}
+        log(f"  table health {system} run {r}: {enqueued} events at {rate}/s (achieved {res['achieved_rate']}/s) with "
+            f"retention {s['health_retention']}: peak table+index {res['peak_total_mb_middle_third']} MB in the middle "
+            f"third, {res['peak_total_mb_last_third']} MB in the last third; {res['final_rows']} rows kept, "
+            f"{res['final_dead_tuples']} dead tuples, {res['autovacuums']} autovacuums at the end")
         return res
 
     # -- the run ------------------------------------------------------------------------------
@@ -1116,6 +1195,9 @@ def main():
                     help="table_health duration per run (default 30 minutes; --quick 20 s)")
     ap.add_argument("--health-rate", type=int, default=None,
                     help="table_health: events per second offered (default 2,000; --quick 200)")
+    ap.add_argument("--health-systems", default=None,
+                    help="table_health: comma-separated, of " + ",".join(HEALTH_SYSTEMS) + " (default outbox_040, "
+                         "the 0.4.0 preview)")
     ap.add_argument("--wal-events", type=int, default=None,
                     help="wal_cost: events per shape and run (default 20,000; --quick 2,000)")
     ap.add_argument("--burst-events", type=int, default=None,

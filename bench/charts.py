@@ -107,7 +107,8 @@ def table_health(results, out):
     ax2.set_ylabel("events enqueued (thousands)")
     ax.set_xlabel("seconds")
     ax.set_ylabel("MB")
-    ax.set_title(f"outbox.events size, {th['rate']} events/s, retention {th['retention']}")
+    what = f"outbox {th['extversion']} tables" if th.get("extversion") else "outbox.events"
+    ax.set_title(f"{what} size (schema outbox), {th['rate']} events/s, retention {th['retention']}")
     ax.grid(True, alpha=0.3)
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()

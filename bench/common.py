@@ -47,6 +47,14 @@ def log(*args):
     print(time.strftime("%H:%M:%S"), *args, flush=True)
 
 
+def seconds(interval):
+    """An outbox.retention value such as "10s", "2min" or "7d" in seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|min|h|d)?\s*", interval)
+    if not m:
+        raise ValueError(f"not an interval: {interval!r}")
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "min": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None

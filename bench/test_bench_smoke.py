@@ -21,7 +21,7 @@ def test_bench_quick_smoke(tmp_path):
     # The burst workloads at a smoke size (quick runs them at their real size otherwise).
     # table_health at a tiny size too (its real run is 30 minutes at 2,000 events/s).
     p = subprocess.run([str(BENCH / "run"), "--quick", "--no-setup", "--burst-events", "4000", "--health-minutes", "0.2",
-                        "--health-rate", "300", "--out", str(out)],
+                        "--health-rate", "300", "--health-systems", "outbox_040,outbox", "--out", str(out)],
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-8000:]
     results = json.loads((out / "results.json").read_text())
@@ -89,10 +89,25 @@ def test_bench_quick_smoke(tmp_path):
     assert workloads["memory"]["memory"]["samples"] > 0 and workloads["memory"]["runs"]
     # Table health: its duration and rate are the parameters given, every event enqueued was
     # published (the workload waits for it), the sizes are summed over the extension's tables.
+    # It ran on the 0.4.0 preview (the workload's record, first of --health-systems) and on
+    # 0.3.0, or the preview was skipped with a reason (the installed extension has no 0.4.0
+    # script); each system's run sampled the sizes, and the preview's its ring members too.
     th = workloads["table_health"]
-    assert th["seconds"] == 12 and th["rate"] == 300 and th["events"] > 0, th["runs"]
-    assert th["samples"] and all(x["total_bytes"] > 0 for x in th["samples"]), th["samples"]
-    assert "events" in th["tables"] or "events_0" in th["tables"], th["tables"]
+    systems = {"outbox"}
+    if "outbox_040" in skipped.get("table_health", {}):
+        assert skipped["table_health"]["outbox_040"].strip(), skipped["table_health"]
+    else:
+        systems.add("outbox_040")
+        assert th["system"] == "outbox_040" and th["extversion"] == "0.4.0", th["runs"]
+    assert set(th["systems"]) == systems, th["systems"].keys()
+    for name, x in th["systems"].items():
+        assert x["system"] == name and x["seconds"] == 12 and x["rate"] == 300 and x["events"] > 0, x["runs"]
+        assert x["samples"] and all(s["total_bytes"] > 0 and s["per_table"] for s in x["samples"]), (name, x["samples"])
+        if name == "outbox_040":
+            assert {"events_0", "landed", "event_state"} <= set(x["tables"]), x["tables"]
+            assert all(1 <= s["members_nonempty"] <= 4 for s in x["samples"]), x["samples"]
+        else:
+            assert "events" in x["tables"], x["tables"]
     # The WAL cost: every shape under both checkpoint placements, each step's WAL counted, the
     # outbox's events all published and purged (the workload waits for both), the Debezium
     # pattern's table left with one dead tuple per event and the plain INSERT's with none.
