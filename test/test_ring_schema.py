@@ -74,6 +74,14 @@ def member_rows(pg, db, member="events_0"):
                   f"target_partition, ce_content_type, ce_type, ce_source FROM outbox.{member} ORDER BY id", dbname=db)
 
 
+def test_the_ring_is_the_default_version(pg):
+    assert pg.value("SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'") == "0.4.0"
+    db = fresh_database(pg)
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == "0.4.0"
+    assert pg.value("SELECT relkind::text FROM pg_class WHERE oid = 'outbox.events'::regclass", dbname=db) == "v"
+    pg.sql(f"DROP DATABASE {db}")
+
+
 def test_versions_of_the_two_databases(pg):
     assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=RING) == "0.4.0"
     assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=OLD) == "0.3.0"
