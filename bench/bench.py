@@ -89,7 +89,7 @@ QUICK = {
     "wal_preview_deadline_s": 60,
 }
 
-PREVIEW_LABEL = f"outbox {common.PREVIEW} preview"
+PREVIEW_LABEL = f"outbox {common.PREVIEW} (default)"
 
 # The design-independent floors (sql_floor.py): system -> bench.floor_claim mode.
 FLOOR_SYSTEMS = {"floor_" + mode: mode for mode in sql_floor.FLOOR_MODES}

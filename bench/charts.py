@@ -9,11 +9,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLORS = {"outbox": "tab:blue", "outbox_040": "tab:purple", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
           "outbox_jit_off": "tab:cyan", "tuned": "tab:green", "floor_delete": "black",
           "floor_update": "tab:gray", "floor_update2": "tab:brown"}
-NAMES = {"outbox": "outbox relay", "outbox_040": "outbox 0.4.0 preview relay", "batched": "naive batched relay", "seed": "seed-style relay",
+NAMES = {"outbox": "outbox 0.3.0 relay", "outbox_040": "outbox 0.4.0 relay (default)", "batched": "naive batched relay", "seed": "seed-style relay",
          "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off",
          "tuned": "tuned batched relay", "floor_delete": "floor: claim + DELETE",
          "floor_update": "floor: claim + 1 UPDATE", "floor_update2": "floor: claim + 2 UPDATEs"}
 RTT_STYLES = {0: ":", 5: "-", 20: "--"}
+# A marker per RTT too: with one worker a line is a single point, and the line style does not show.
+RTT_MARKERS = {0: "s", 5: "o", 20: "^"}
 
 
 
@@ -146,8 +148,9 @@ def burst_drains(results, out):
                 pts = sorted((r["workers"], r["rate_median"]) for r in rows
                              if r["system"] == system and r["rtt_ms"] == rtt)
                 label = NAMES[system] + ("" if system.startswith("floor") else f", RTT {rtt} ms")
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], RTT_STYLES.get(rtt, "-."), marker="o",
-                        color=COLORS[system], label=label)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], RTT_STYLES.get(rtt, "-."),
+                        marker=RTT_MARKERS.get(rtt, "D"), markersize=8, color=COLORS[system],
+                        markerfacecolor="none" if rtt == 20 else COLORS[system], label=label)
         ax.set_yscale("log")
         ax.set_xlabel("workers")
         ax.set_ylabel("events/s (log scale)")
@@ -163,7 +166,7 @@ def burst_drains(results, out):
 
 STEP_COLORS = {"enqueue": "tab:blue", "write": "tab:blue", "publish": "tab:orange", "purge": "tab:red",
                "vacuum": "tab:gray"}
-WAL_LABELS = {"outbox": "outbox", "outbox_040": "outbox 0.4.0\npreview", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
+WAL_LABELS = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.0\n(default)", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
 
 
 def wal_cost(results, out):

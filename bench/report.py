@@ -2,7 +2,7 @@
 
 from common import median
 
-LABEL = {"outbox": "outbox", "outbox_040": "outbox 0.4.0 preview", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
+LABEL = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.0 (default)", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
          "batched": "naive batched (ORDER BY created_at LIMIT 200)", "seed": "seed-style",
          "floor": "SQL floor: the relay's own claim + record (jit=off)",
          "floor_delete": "SQL floor: claim + DELETE", "floor_update": "SQL floor: claim + 1 UPDATE",
@@ -124,19 +124,19 @@ def summarize(results):
                              "ratio": round(o / t, 2) if o and t else None, "runs": min(n_o, n_t),
                              "rtt_vs_5ms": (lambda o5: round(o / o5, 2) if o5 else None)(drain_rate("outbox", 1, 5, name)[0]),
                              "outbox_observed": seen.get("outbox"), "tuned_observed": seen.get("tuned"),
-                             # The 0.4.0 preview's relay on the same data set in the same run.
+                             # The 0.4.0 relay (the default version) on the same data set in the same run.
                              "outbox_040": p, "runs_040": n_p,
                              "ratio_040": round(p / t, 2) if p and t else None,
                              "rtt_vs_5ms_040": (lambda p5: round(p / p5, 2) if p and p5 else None)(
                                  drain_rate("outbox_040", 1, 5, name)[0]),
                              "outbox_040_observed": seen.get("outbox_040")})
             if rt == rtt and t:
-                target(f"{title}: outbox vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
+                target(f"{title}: outbox 0.3.0 vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
                        f"{o / t:.2f}x ({o:.0f} vs {t:.0f} events/s)", o / t >= 3, runs=min(n_o, n_t))
             if rt == rtt and t and p:
-                target(f"{title}: outbox 0.4.0 preview vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
+                target(f"{title}: outbox 0.4.0 (default) vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
                        f"{p / t:.2f}x ({p:.0f} vs {t:.0f} events/s)", p / t >= 3, runs=min(n_p, n_t))
-        for system, version in (("outbox", ""), ("outbox_040", " 0.4.0 preview")):
+        for system, version in (("outbox", " 0.3.0"), ("outbox_040", " 0.4.0 (default)")):
             o5, n5 = drain_rate(system, 1, 5, name)
             o20, n20 = drain_rate(system, 1, 20, name)
             if o5 and o20:
@@ -187,13 +187,13 @@ def summarize(results):
             target(f"idle latency p99 (RTT {rtt} ms)", f"<= {rtt + 15} ms", f"{row['p99_ms']:.1f} ms",
                    row["p99_ms"] <= rtt + 15, f"max {row['max_ms_worst']:.1f} ms", runs=row["runs"])
     for clients, row in (summary.get("enqueue_overhead") or {}).items():
-        target(f"enqueue overhead, {clients} client(s)", "<= 10%", f"{row['overhead_pct']:.1f}%",
+        target(f"enqueue overhead, {clients} client(s), 0.3.0", "<= 10%", f"{row['overhead_pct']:.1f}%",
                row["overhead_pct"] <= 10, f"{row['outbox_tps']:.0f} vs {row['plain_tps']:.0f} tps"
                + _per_run(row.get("overhead_pct_per_run")), runs=row.get("runs"))
         if row.get("overhead_040_pct") is not None:
-            target(f"enqueue overhead, {clients} client(s), 0.4.0 preview", "<= 10%",
+            target(f"enqueue overhead, {clients} client(s), 0.4.0 (default)", "<= 10%",
                    f"{row['overhead_040_pct']:.1f}%", row["overhead_040_pct"] <= 10,
-                   f"{row['outbox_040_tps']:.0f} vs {row['plain_040_tps']:.0f} tps (plain INSERT in the preview's "
+                   f"{row['outbox_040_tps']:.0f} vs {row['plain_040_tps']:.0f} tps (plain INSERT in the 0.4.0 "
                    f"database; vs the one in postgres: {row['overhead_040_vs_plain_pct']:.1f}%)"
                    + _per_run(row.get("overhead_040_pct_per_run")), runs=row.get("runs"))
     if mem and mem.get("memory"):
@@ -214,7 +214,7 @@ def summarize(results):
             continue
         growths = [r["growth_last_vs_middle_pct"] for r in x.get("runs") or [x]
                    if r.get("growth_last_vs_middle_pct") is not None]
-        version = {"outbox_040": ", 0.4.0 preview", "outbox": ", 0.3.0"}.get(name, "")
+        version = {"outbox_040": ", 0.4.0 (default)", "outbox": ", 0.3.0"}.get(name, "")
         # Stopped growing = in every run, the last third's peak size is within 5% of the middle
         # third's (the bench's threshold; a median could hide a run that is still growing).
         target(f"table + index size under steady load with retention{version}", "stops growing",
@@ -224,7 +224,7 @@ def summarize(results):
                f"{x['peak_total_mb_middle_third']} -> {x['peak_total_mb_last_third']} MB",
                runs=len(growths), how=f"{len(growths)} runs")
     for checkpoint, row in (summary.get("wal_cost") or {}).items():
-        for shape, version in (("outbox", ""), ("outbox_040", ", 0.4.0 preview")):
+        for shape, version in (("outbox", ", 0.3.0"), ("outbox_040", ", 0.4.0 (default)")):
             o, d = row.get(shape), row.get("debezium")
             if o and d:
                 x = o["wal_bytes_per_event"] / d["wal_bytes_per_event"]
@@ -263,7 +263,7 @@ def summarize(results):
 
 
 WAL_CHECKPOINTS = {"shape": "a checkpoint before each shape", "steps": "a checkpoint before every step and mid-write"}
-WAL_SHAPES = {"outbox": "outbox (enqueue, relay, purge)", "outbox_040": "outbox 0.4.0 preview (enqueue, relay, purge)", "debezium": "Debezium outbox pattern (INSERT + DELETE)",
+WAL_SHAPES = {"outbox": "outbox 0.3.0 (enqueue, relay, purge)", "outbox_040": "outbox 0.4.0, the default (enqueue, relay, purge)", "debezium": "Debezium outbox pattern (INSERT + DELETE)",
               "plain": "plain INSERT, bigint primary key"}
 WAL_HEADERS = ["checkpoint", "shape", "runs", "WAL B/event", "per step", "+ VACUUM", "vs Debezium",
                "FPI/event", "index inserts/event", "heap updates/event", "dead tuples/event", "autovacuums",
@@ -285,9 +285,9 @@ def wal_rows(s):
     return rows
 
 
-HEADLINE_HEADERS = ["workload", "RTT ms", "runs", "outbox events/s", "tuned batched events/s", "ratio (target >= 3x)",
-                    "seen drained from outside: outbox / tuned", "outbox vs its RTT 5 ms (target at 20 ms >= 80%)",
-                    "0.4.0 preview events/s", "preview vs tuned (target >= 3x)", "preview vs its RTT 5 ms"]
+HEADLINE_HEADERS = ["workload", "RTT ms", "runs", "outbox 0.3.0 events/s", "tuned batched events/s", "0.3.0 vs tuned (target >= 3x)",
+                    "seen drained from outside: 0.3.0 / tuned", "0.3.0 vs its RTT 5 ms (target at 20 ms >= 80%)",
+                    "0.4.0 (default) events/s", "0.4.0 vs tuned (target >= 3x)", "0.4.0 vs its RTT 5 ms"]
 
 
 def _pct(x):
@@ -304,7 +304,7 @@ def headline_rows(s):
 
 ENQUEUE_HEADERS = ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",
                    "diag.: INSERT + INSERT into a copy of outbox.events", "its overhead",
-                   "0.4.0 preview db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.0)", "0.4.0 overhead",
+                   "0.4.0 db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.0)", "0.4.0 overhead",
                    "diag.: INSERT + INSERT into the 0.4.0 ring member", "its overhead"]
 
 
