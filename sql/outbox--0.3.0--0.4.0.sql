@@ -1,4 +1,4 @@
--- outbox 0.3.0 -> 0.4.0 (PREVIEW, not the default version): the insert-only queue's tables
+-- outbox 0.3.0 -> 0.4.0, the default version (outbox.control): the insert-only queue's tables
 -- (DESIGN.md "The insert-only queue: the protocol to build", build step 2). Events go into a ring
 -- of generation tables, outbox.events_0 .. events_3, that are only ever INSERTed into (the
 -- commit-order re-stamp, which only raises order_lsn, is the one UPDATE); where an event landed
@@ -7,9 +7,13 @@
 -- columns. Retention rotates the current member along the ring and empties sealed members with
 -- TRUNCATE (outbox.ring_retention()); a cursor row keeps its slot's holes (open writers it
 -- passed); cursors of another system (a restored dump, pg_upgrade) are re-based by the relay's
--- claim (outbox.ring_rebase()). Not built in this version: the re-base on a changed outbox.workers.
--- Only `ALTER EXTENSION outbox UPDATE TO '0.4.0'` or `CREATE EXTENSION outbox VERSION '0.4.0'`
--- give it (docs/upgrading.md "0.4.0 preview").
+-- claim (outbox.ring_rebase()). Not built in this version: a re-base on a changed outbox.workers
+-- (a new worker count's slots start at the lowest old cursor, so events between it and a lane's
+-- own old cursor are sent again: duplicates, never a loss; kCursorCreateSql in
+-- src/relay/ring_claim.cpp).
+-- `CREATE EXTENSION outbox` gives it (through this script, at the end of the update chain), and
+-- `ALTER EXTENSION outbox UPDATE` takes a 0.3.0 database to it (docs/upgrading.md "0.3.0 to
+-- 0.4.0").
 
 \echo Use "ALTER EXTENSION outbox UPDATE TO '0.4.0'" to load this file. \quit
 
