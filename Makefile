@@ -15,7 +15,7 @@ DATA        = $(wildcard sql/outbox--*.sql)
 
 # pg_regress inputs live in sql/ beside the extension scripts (design card); only the names listed
 # here run. The temp instance preloads the library, which `make check` cannot do for PGXS builds.
-REGRESS      = setup enqueue envelope event_id admin views metrics privileges settings reserved_prefix table_checks consume upgrade
+REGRESS      = setup enqueue envelope event_id admin views metrics privileges settings reserved_prefix table_checks consume upgrade ring
 REGRESS_OPTS = --temp-instance=./tmp_check --temp-config=test/regress.conf
 ISOLATION      = enqueue_same_event_id consume_once_concurrent
 ISOLATION_OPTS = --inputdir=test --temp-instance=./tmp_check_iso --temp-config=test/regress.conf \

@@ -1,5 +1,6 @@
--- The regression suite is of 0.3.0's table, which existing installs keep until they update
--- (0.4.0's ring is tested by test/test_ring_*.py). What it made:
+-- The regression suite is of 0.3.0's table, which existing installs keep until they update;
+-- ring, the last file, makes the default version (0.4.0's ring) for itself (test/test_ring_*.py
+-- test the ring in depth). What it made:
 CREATE EXTENSION outbox VERSION '0.3.0';
 SELECT extname, extversion, nspname
 FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
