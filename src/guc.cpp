@@ -229,6 +229,12 @@ DefineSettings() {
 	                        "librdkafka's message.timeout.ms; bounds how long a claimed batch waits for the broker.",
 	                        &settings.publish_timeout_ms, 30000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
 	                        nullptr, nullptr);
+	DefineCustomIntVariable("outbox.kafka_connections", "Kafka producers per relay worker, each with its own "
+	                        "connection to every broker.",
+	                        "Each partition is always sent by the same one, so per-key order holds with any number. "
+	                        "More connections send a batch in fewer round trips when a broker leads many partitions.",
+	                        &settings.kafka_connections, 4, 1, kafka::kMaxConnections, PGC_SIGHUP, 0, nullptr,
+	                        nullptr, nullptr);
 	DefineCustomIntVariable("outbox.batch_size", "Most events a relay worker claims at once.", nullptr,
 	                        &settings.batch_size, 20000, 1, 100000, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
 	DefineCustomIntVariable("outbox.batch_max_bytes", "Most payload bytes a relay worker claims at once.",

@@ -99,6 +99,39 @@ def test_billing_events_reach_kafka_in_key_order_with_java_placement(kafka, make
     assert all(recorded[r.event_id] == (r.partition, r.offset) for r in records)
 
 
+@pytest.mark.parametrize("connections", [1, 4])
+def test_each_partition_is_sent_by_one_producer_of_the_worker(kafka, make_relay, connections):
+    """outbox.kafka_connections: a worker's producers share its partitions by partition number,
+    partition % connections, batch after batch; a key still lands where the Java client puts it,
+    in commit order. Read from the broker's log: each record batch names its producer id."""
+    topic, partitions = f"billing.spread-{connections}", 8
+    kafka.create_topic(topic, partitions=partitions)
+    keys = [f"customer-{i}" for i in range(64)]
+    assert {java_partition(k.encode(), partitions) for k in keys} == set(range(partitions))
+    pg = make_relay(kafka.bootstrap, kafka_connections=connections)
+    pg.wait_workers_running(1)
+    rounds = 3
+    for r in range(rounds):  # one batch each: the route must hold from batch to batch
+        pg.sql("SELECT outbox.enqueue(%s, k, format('%%s#%%s', k, %s::int)) FROM unnest(%s::text[]) k",
+               (topic, r, keys))
+        pg.wait_published(len(keys) * (r + 1), timeout=90)
+    records = read_topic(kafka.bootstrap, topic, len(keys) * rounds, settle=True)
+    assert len(records) == len(keys) * rounds
+    for rec in records:
+        assert rec.partition == java_partition(rec.key, partitions), rec
+    for k in keys:
+        seen = [rec.value.decode() for rec in sorted(records, key=lambda x: x.offset) if rec.key == k.encode()]
+        assert seen == [f"{k}#{r}" for r in range(rounds)]
+    ids = kafka.producer_ids(topic)
+    assert sorted(ids) == list(range(partitions)), ids
+    assert all(len(ids[p]) == 1 for p in ids), f"a partition written by two producers: {ids}"
+    by_partition = {p: next(iter(ids[p])) for p in ids}
+    for p in range(partitions):
+        for q in range(partitions):
+            assert (by_partition[p] == by_partition[q]) == (p % connections == q % connections), by_partition
+    assert len(set(by_partition.values())) == min(connections, partitions)
+
+
 def test_broker_rejected_event_is_quarantined_others_flow(kafka, make_relay):
     pg = make_relay(kafka.bootstrap, max_attempts=2)
     pg.wait_workers_running(1)

@@ -12,12 +12,15 @@
 #include <algorithm>
 #include <atomic>
 #include <fcntl.h>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <pthread.h>
-#include <set>
+#include <random>
 #include <string>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -33,6 +36,9 @@ namespace {
 constexpr size_t kMaxBufferedLogLines = 256;
 // Longer than handing over a full batch takes (about 1 ms per 1,000 events here).
 constexpr int kLingerMs = 50;
+// How long a topic's partition count, looked up by the relay to route its events to a
+// connection, is used before it is asked again (librdkafka refreshes its own every 5 minutes).
+constexpr auto kPartitionCountMaxAge = std::chrono::seconds(60);
 
 std::string
 Trim(const std::string &s) {
@@ -290,8 +296,19 @@ private:
 	sigset_t saved_;
 };
 
+// A topic as the relay last looked it up: its partition count (0: unknown, e.g. the topic does
+// not exist) and when.
+struct TopicInfo {
+	int32_t partitions;
+	std::chrono::steady_clock::time_point looked_up;
+};
+
 } // namespace
 
+// Threads: the callbacks below run on the thread that polls or flushes their handle. Flush()
+// flushes several handles at once, one thread each, so what the callbacks of different handles
+// share is atomic or under `mutex`; results[i] is written by the one handle that sent message i.
+// Everything else is touched by the worker's thread only, while no Flush() runs.
 class Producer {
 public:
 	Producer() = default;
@@ -304,42 +321,69 @@ public:
 	ProducerConfig config{};      // its strings are not kept: the settings may change under them
 	Properties properties;        // the configuration the handle was made with
 	int queue_full_wait_left_ms = 0; // of this batch
-	rd_kafka_t *rk = nullptr;
+	// One librdkafka handle per connection (outbox.kafka_connections), each with its own
+	// connection to every broker; handles[0] also makes the metadata look-ups. With more than
+	// one, a partition is only ever sent by handles[partition % size] (RouteOf).
+	std::vector<rd_kafka_t *> handles;
 	uint32_t generation = 0;
 	std::vector<Delivery> results;
-	int outstanding = 0;
-	int acked = 0;
-	bool fatal = false;
-	std::string fatal_reason;
-	int broker_up = -1;
+	std::atomic<int> outstanding{0};
+	std::atomic<int> acked{0};
+	std::atomic<int> broker_up{-1};
+	// A partition the relay chose was refused as unknown: the counts are looked up again.
+	std::atomic<bool> partition_counts_stale{false};
 	SecretMask secrets; // values of secret properties, masked (and their parts) in what is passed on
 	std::string sasl_mechanism;       // "" unless SASL is configured
-	// The last failed connection, until a broker answers again.
-	ConnectError connect_error{ConnectProblem::None, ""};
 	// OpenSSL's verdict on the last broker certificate that failed verification; set on
 	// librdkafka's broker threads (the verification callback), hence atomic.
 	std::atomic<int> x509_error{0};
+	std::mutex mutex; // guards the four below
+	bool fatal = false;
+	std::string fatal_reason;
+	// The last failed connection, until a broker answers again.
+	ConnectError connect_error{ConnectProblem::None, ""};
 	std::deque<std::pair<int, std::string>> log_lines;
-	std::set<std::string, std::less<>> known_topics; // std::less<>: looked up by const char *, no copy
+	std::atomic<bool> connect_error_set{false}; // connect_error is not None (read without the lock)
+	// The topics looked up (std::less<>: found by const char *, no copy).
+	std::map<std::string, TopicInfo, std::less<>> topics;
+	std::minstd_rand keyless_partitions; // a keyless event's partition, with several handles
 
-	void AddLogLine(int level, const std::string &line) {
+	// With `mutex` held.
+	void AddLogLineLocked(int level, const std::string &line) {
 		if (log_lines.size() >= kMaxBufferedLogLines) {
 			log_lines.pop_front();
 		}
 		log_lines.emplace_back(level, secrets.Apply(line));
 	}
 
+	void AddLogLine(int level, const std::string &line) {
+		std::lock_guard<std::mutex> guard(mutex);
+		AddLogLineLocked(level, line);
+	}
+
 	void MarkBrokerUp() {
-		broker_up = 1;
-		connect_error = ConnectError{ConnectProblem::None, ""};
+		broker_up.store(1);
 		x509_error.store(0);
+		if (connect_error_set.load()) {
+			std::lock_guard<std::mutex> guard(mutex);
+			connect_error = ConnectError{ConnectProblem::None, ""};
+			connect_error_set.store(false);
+		}
 	}
 };
 
 namespace {
 
-// Delivery report: runs inside rd_kafka_poll() on the worker's thread. Writes only into the
-// Producer; never calls Postgres.
+// A refusal that says the partition the relay chose is not the topic's (the topic was made anew
+// with fewer partitions): the counts are looked up again before the next batch, as librdkafka
+// refreshes its own metadata on such an error.
+bool
+RefusesChosenPartition(rd_kafka_resp_err_t err) {
+	return err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION || err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
+}
+
+// Delivery report: runs inside rd_kafka_poll() or rd_kafka_flush() on the thread that serves its handle
+// (Flush). Writes only into the Producer; never calls Postgres.
 void
 OnDelivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) noexcept {
 	Producer *p = static_cast<Producer *>(opaque);
@@ -358,18 +402,23 @@ OnDelivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) noexcept {
 	if (msg->err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 		p->acked++;
 		p->MarkBrokerUp();
+	} else if (d.partition_chosen && RefusesChosenPartition(msg->err)) {
+		p->partition_counts_stale.store(true);
 	}
 }
 
 void
 OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try {
 	Producer *p = static_cast<Producer *>(opaque);
+	std::lock_guard<std::mutex> guard(p->mutex);
 	if (err == RD_KAFKA_RESP_ERR__FATAL) {
 		char buf[512];
 		rd_kafka_resp_err_t original = rd_kafka_fatal_error(rk, buf, sizeof(buf));
-		p->fatal = true;
-		p->fatal_reason = p->secrets.Apply(std::string(rd_kafka_err2name(original)) + ": " + buf);
-		p->AddLogLine(3, "fatal producer error: " + p->fatal_reason);
+		if (!p->fatal) { // the first handle's reason is kept
+			p->fatal = true;
+			p->fatal_reason = p->secrets.Apply(std::string(rd_kafka_err2name(original)) + ": " + buf);
+		}
+		p->AddLogLineLocked(3, "fatal producer error: " + p->fatal_reason);
 		return;
 	}
 	if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN || err == RD_KAFKA_RESP_ERR__RESOLVE) {
@@ -382,12 +431,13 @@ OnError(rd_kafka_t *rk, int err, const char *reason, void *opaque) noexcept try 
 		                                                                 : ConnectErrorKind::Transport;
 		p->connect_error = DescribeConnectError(kind, p->secrets.Apply(reason), p->x509_error.load(),
 		                                        p->sasl_mechanism, rd_kafka_version());
+		p->connect_error_set.store(p->connect_error.problem != ConnectProblem::None);
 	}
 	// Connection errors also arrive as log lines (log.queue), which the worker forwards; only
 	// what the log does not say is added here.
 	if (err != RD_KAFKA_RESP_ERR__TRANSPORT && err != RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN &&
 	    err != RD_KAFKA_RESP_ERR__AUTHENTICATION && err != RD_KAFKA_RESP_ERR__SSL) {
-		p->AddLogLine(4, std::string(rd_kafka_err2name(rd_kafka_resp_err_t(err))) + ": " + reason);
+		p->AddLogLineLocked(4, std::string(rd_kafka_err2name(rd_kafka_resp_err_t(err))) + ": " + reason);
 	}
 } catch (...) {
 	// Out of memory for a log line: drop it; nothing may unwind into librdkafka.
@@ -424,7 +474,7 @@ OnCertificateVerify(rd_kafka_t *, const char *, int32_t, int *x509_error, int, c
 } // namespace
 
 Producer::~Producer() {
-	if (rk) {
+	for (rd_kafka_t *rk : handles) {
 		// Give queued messages no further chance: the rows they came from go back to pending.
 		rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		rd_kafka_poll(rk, 0);
@@ -486,18 +536,29 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	rd_kafka_conf_set_log_cb(conf, OnLog);
 	// Without TLS support in librdkafka this fails, and so would any ssl.* property.
 	(void)rd_kafka_conf_set_ssl_cert_verify_cb(conf, OnCertificateVerify);
-	{
-		AllSignalsBlocked blocked;
-		rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, errstr, sizeof(errstr));
+	int n_handles = std::max(1, from.connections);
+	handles.reserve(size_t(n_handles));
+	for (int i = 0; i < n_handles; i++) {
+		// Each handle consumes a configuration of its own (on success only): the last takes conf.
+		rd_kafka_conf_t *own = i + 1 < n_handles ? rd_kafka_conf_dup(conf) : conf;
+		rd_kafka_t *rk;
+		{
+			AllSignalsBlocked blocked;
+			rk = rd_kafka_new(RD_KAFKA_PRODUCER, own, errstr, sizeof(errstr));
+		}
+		if (rk == nullptr) {
+			rd_kafka_conf_destroy(own);
+			if (own != conf) {
+				rd_kafka_conf_destroy(conf);
+			}
+			*error = WithoutUserValues(std::string("could not create the Kafka producer: ") + errstr, properties);
+			return false; // the handles made so far go with the Producer
+		}
+		handles.push_back(rk);
+		// Logs go to the main queue, so they are served by rd_kafka_poll on our thread like
+		// everything else; the log callback then never runs on a librdkafka thread.
+		rd_kafka_set_log_queue(rk, nullptr);
 	}
-	if (rk == nullptr) {
-		rd_kafka_conf_destroy(conf); // only consumed on success
-		*error = WithoutUserValues(std::string("could not create the Kafka producer: ") + errstr, properties);
-		return false;
-	}
-	// Logs go to the main queue, so they are served by rd_kafka_poll on our thread like
-	// everything else; the log callback then never runs on a librdkafka thread.
-	rd_kafka_set_log_queue(rk, nullptr);
 	return true;
 }
 
@@ -547,7 +608,8 @@ ConfigDiffers(const Producer *p, const ProducerConfig &config) noexcept {
 		Properties properties;
 		std::string error;
 		// A configuration that does not parse differs: remaking the producer reports it.
-		return !BuildProperties(config, &properties, &error) || properties != p->properties;
+		return !BuildProperties(config, &properties, &error) || properties != p->properties ||
+		       std::max(1, config.connections) != int(p->handles.size());
 	} catch (const std::bad_alloc &) {
 		return true;
 	}
@@ -557,7 +619,7 @@ bool
 BeginBatch(Producer *p, int n) noexcept {
 	try {
 		p->generation++;
-		p->results.assign(size_t(n), Delivery{false, false, 0, -1, -1});
+		p->results.assign(size_t(n), Delivery{false, false, 0, -1, -1, false});
 		p->outstanding = 0;
 		p->acked = 0;
 		p->queue_full_wait_left_ms = kQueueFullBudgetMs;
@@ -567,36 +629,81 @@ BeginBatch(Producer *p, int n) noexcept {
 	}
 }
 
+namespace {
+
+enum class LookUp { Answered, Skipped, NoAnswer };
+
+// Asks handle rk's brokers for `topic`'s metadata (librdkafka keeps what it learns for the
+// handle's own partitioner and partition checks); *partitions: its count, 0 when the broker
+// does not know the topic.
+LookUp
+LookUpTopic(rd_kafka_t *rk, const char *topic, long wait_ms, int32_t *partitions) {
+	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, nullptr);
+	if (rkt == nullptr) {
+		return LookUp::Skipped;
+	}
+	const struct rd_kafka_metadata *md = nullptr;
+	rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, int(std::min<long>(wait_ms, kMetadataLookupMs)));
+	*partitions = 0;
+	if (md) {
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 && md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			*partitions = md->topics[0].partition_cnt;
+		}
+		rd_kafka_metadata_destroy(md);
+	}
+	rd_kafka_topic_destroy(rkt);
+	return err == RD_KAFKA_RESP_ERR_NO_ERROR ? LookUp::Answered : LookUp::NoAnswer;
+}
+
+} // namespace
+
 void
 PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_ms) noexcept {
 	auto start = std::chrono::steady_clock::now();
+	if (p->partition_counts_stale.exchange(false)) {
+		p->topics.clear();
+	}
+	bool routed = p->handles.size() > 1;
 	for (int i = 0; i < n_topics; i++) {
 		// Called with every event's topic: a topic already seen is found without a string copy.
-		if (p->known_topics.find(topics[i]) != p->known_topics.end()) {
+		auto known = p->topics.find(topics[i]);
+		// With one handle a topic is looked up once (librdkafka refreshes it); with several, the
+		// count that routes its events is asked again now and then.
+		if (known != p->topics.end() && (!routed || start - known->second.looked_up < kPartitionCountMaxAge)) {
 			continue;
 		}
-		long left_ms = budget_ms - MillisSince(start);
-		if (left_ms <= 0 || StopRequested(p->config)) {
-			return;
+		int32_t partitions = 0;
+		LookUp answer = LookUp::NoAnswer;
+		// A new topic is looked up by every handle (each would otherwise wait for its own
+		// metadata tick), a known one by the first, and by every handle when its count changed
+		// (a handle refuses a partition it does not know of).
+		for (size_t h = 0; h < p->handles.size(); h++) {
+			if (h > 0 && known != p->topics.end() && known->second.partitions == partitions) {
+				break;
+			}
+			long left_ms = budget_ms - MillisSince(start);
+			if (left_ms <= 0 || StopRequested(p->config)) {
+				return;
+			}
+			int32_t counted = 0;
+			answer = LookUpTopic(p->handles[h], topics[i], left_ms, &counted);
+			if (answer == LookUp::NoAnswer) {
+				return; // no answer: the next topics would wait as long; looked up again next batch
+			}
+			if (answer == LookUp::Skipped) {
+				break;
+			}
+			if (h == 0) {
+				partitions = counted;
+			}
 		}
-		rd_kafka_topic_t *rkt = rd_kafka_topic_new(p->rk, topics[i], nullptr);
-		if (rkt == nullptr) {
+		if (answer != LookUp::Answered) {
 			continue;
-		}
-		const struct rd_kafka_metadata *md = nullptr;
-		rd_kafka_resp_err_t err =
-		    rd_kafka_metadata(p->rk, 0, rkt, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));
-		if (md) {
-			rd_kafka_metadata_destroy(md);
-		}
-		rd_kafka_topic_destroy(rkt);
-		if (err != RD_KAFKA_RESP_ERR_NO_ERROR) {
-			return; // no answer: the next topics would wait as long; looked up again next batch
 		}
 		try {
-			p->known_topics.emplace(topics[i]);
+			p->topics.insert_or_assign(topics[i], TopicInfo{partitions, start});
 		} catch (const std::bad_alloc &) {
-			return; // only an optimisation
+			return; // its events go the way of an unknown topic
 		}
 	}
 }
@@ -612,10 +719,10 @@ BrokerReachable(Producer *p, int budget_ms) noexcept {
 			}
 			return false;
 		}
-		rd_kafka_poll(p->rk, 0); // errors and logs meanwhile, on this thread
+		rd_kafka_poll(p->handles[0], 0); // errors and logs meanwhile, on this thread
 		const struct rd_kafka_metadata *md = nullptr;
 		rd_kafka_resp_err_t err =
-		    rd_kafka_metadata(p->rk, 0, nullptr, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));
+		    rd_kafka_metadata(p->handles[0], 0, nullptr, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));
 		if (md) {
 			rd_kafka_metadata_destroy(md);
 		}
@@ -628,12 +735,52 @@ BrokerReachable(Producer *p, int budget_ms) noexcept {
 
 ConnectProblem
 LastConnectProblem(const Producer *p, char *buf, size_t len) noexcept {
+	std::lock_guard<std::mutex> guard(const_cast<Producer *>(p)->mutex);
 	snprintf(buf, len, "%s", p->connect_error.text.c_str());
 	return p->connect_error.problem;
 }
 
+namespace {
+
+// The handle that sends `m`, and the partition it names (*partition; -1: the handle's
+// partitioner picks). One handle sends everything as it comes. With several, each partition is
+// sent by one handle only, partition % handles: a connection then carries a share of the
+// partitions, and a batch needs as many requests per connection (librdkafka sends one request
+// per partition, and up to 5 at once per connection) as that share has partitions. So that a key
+// keeps its partition, the relay partitions as librdkafka would (murmur2 of the key over the
+// topic's partition count, a random partition for a keyless event) when it knows the count;
+// otherwise the first handle sends the event and picks. Per-key order across handles: a key's
+// events of one batch go to one partition and so to one handle, and a batch is sent only once
+// every report of the one before is in or the producer was remade (DESIGN.md "Publish").
+size_t
+RouteOf(Producer *p, const Message &m, int32_t *partition, bool *chosen) {
+	*partition = m.partition;
+	*chosen = false;
+	if (p->handles.size() == 1) {
+		return 0;
+	}
+	if (*partition < 0) {
+		auto topic = p->topics.find(m.topic);
+		if (topic == p->topics.end() || topic->second.partitions <= 0) {
+			return 0;
+		}
+		int32_t count = topic->second.partitions;
+		// The partitioner's function takes no topic handle for a key (it is murmur2 % count).
+		*partition = m.key ? rd_kafka_msg_partitioner_murmur2(nullptr, m.key, m.key_len, count, nullptr, nullptr)
+		                   : int32_t(p->keyless_partitions() % uint32_t(count));
+		*chosen = true;
+	}
+	return size_t(*partition) % p->handles.size();
+}
+
+} // namespace
+
 int
 Produce(Producer *p, int index, const Message &m) noexcept {
+	int32_t partition;
+	bool chosen;
+	rd_kafka_t *rk = p->handles[RouteOf(p, m, &partition, &chosen)];
+	p->results[size_t(index)].partition_chosen = chosen;
 	rd_kafka_headers_t *headers = rd_kafka_headers_new(size_t(m.n_headers));
 	for (int i = 0; i < m.n_headers; i++) {
 		rd_kafka_header_add(headers, m.headers[i].name, -1, m.headers[i].value, ssize_t(m.headers[i].value_len));
@@ -641,7 +788,7 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 	uintptr_t tag = (uintptr_t(p->generation) << 32) | uintptr_t(uint32_t(index));
 	for (;;) {
 		rd_kafka_resp_err_t err = rd_kafka_producev(
-		    p->rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_PARTITION(m.partition), RD_KAFKA_V_TIMESTAMP(m.timestamp_ms),
+		    rk, RD_KAFKA_V_TOPIC(m.topic), RD_KAFKA_V_PARTITION(partition), RD_KAFKA_V_TIMESTAMP(m.timestamp_ms),
 		    RD_KAFKA_V_KEY(const_cast<void *>(m.key), m.key_len),
 		    RD_KAFKA_V_VALUE(const_cast<void *>(m.value), m.value_len), RD_KAFKA_V_HEADERS(headers),
 		    RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY), RD_KAFKA_V_OPAQUE(reinterpret_cast<void *>(tag)),
@@ -651,7 +798,7 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 			// event goes back to pending (QUEUE_FULL is not the event's fault) and the worker is
 			// not held up.
 			auto start = std::chrono::steady_clock::now();
-			rd_kafka_poll(p->rk, std::min(kWaitSliceMs, p->queue_full_wait_left_ms));
+			rd_kafka_poll(rk, std::min(kWaitSliceMs, p->queue_full_wait_left_ms));
 			p->queue_full_wait_left_ms -= std::max(1L, MillisSince(start));
 			continue;
 		}
@@ -661,7 +808,10 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 			d.reported = true;
 			d.refused_at_produce = true;
 			d.err = err;
-			d.partition = m.partition;
+			d.partition = partition;
+			if (chosen && RefusesChosenPartition(err)) {
+				p->partition_counts_stale.store(true);
+			}
 			return err;
 		}
 		p->outstanding++;
@@ -672,9 +822,41 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 void
 Flush(Producer *p, int max_wait_ms) noexcept {
 	// While rd_kafka_flush runs, the broker threads send without lingering, and it serves the
-	// delivery reports on this thread. A zero-timeout flush would not do: it can return before
-	// a broker thread wakes up, which then lingers after all.
-	(void)rd_kafka_flush(p->rk, max_wait_ms);
+	// delivery reports on the calling thread. A zero-timeout flush would not do: it can return
+	// before a broker thread wakes up, which then lingers after all. So the handles that hold
+	// messages or reports are flushed at the same time: the first on this thread, each other on
+	// a thread of its own (every signal blocked, no Postgres call: it only runs the callbacks
+	// above), all joined before this returns.
+	rd_kafka_t *busy[kMaxConnections];
+	size_t n_busy = 0;
+	for (rd_kafka_t *rk : p->handles) {
+		if (rd_kafka_outq_len(rk) > 0 && n_busy < kMaxConnections) {
+			busy[n_busy++] = rk;
+		}
+	}
+	if (n_busy <= 1) {
+		(void)rd_kafka_flush(n_busy == 1 ? busy[0] : p->handles[0], max_wait_ms);
+		return;
+	}
+	std::thread helpers[kMaxConnections];
+	size_t started = 1;
+	{
+		AllSignalsBlocked blocked; // inherited by the threads
+		for (; started < n_busy; started++) {
+			try {
+				helpers[started] = std::thread([rk = busy[started], max_wait_ms] { (void)rd_kafka_flush(rk, max_wait_ms); });
+			} catch (...) {
+				break; // no thread to be had: the rest are flushed after, briefly
+			}
+		}
+	}
+	(void)rd_kafka_flush(busy[0], max_wait_ms);
+	for (size_t i = 1; i < started; i++) {
+		helpers[i].join();
+	}
+	for (size_t i = started; i < n_busy; i++) {
+		(void)rd_kafka_flush(busy[i], 1);
+	}
 }
 
 int
@@ -694,6 +876,7 @@ Result(const Producer *p, int index) noexcept {
 
 bool
 IsFatal(const Producer *p, char *errbuf, size_t errlen) noexcept {
+	std::lock_guard<std::mutex> guard(const_cast<Producer *>(p)->mutex);
 	if (p->fatal) {
 		snprintf(errbuf, errlen, "%s", p->fatal_reason.c_str());
 	}
@@ -707,6 +890,7 @@ BrokerUp(const Producer *p) noexcept {
 
 bool
 TakeLogLine(Producer *p, char *buf, size_t len, int *syslog_level) noexcept {
+	std::lock_guard<std::mutex> guard(p->mutex);
 	if (p->log_lines.empty()) {
 		return false;
 	}

@@ -37,6 +37,9 @@ struct Delivery {
 	int err;                 // rd_kafka_resp_err_t; 0 = appended to the partition log
 	int32_t partition;
 	int64_t offset;
+	// The relay chose the partition (several connections), not the event: a refusal of it as
+	// unknown is the relay's stale partition count, not the event's fault.
+	bool partition_chosen;
 };
 
 enum class ErrorClass {
@@ -77,6 +80,7 @@ struct ProducerConfig {
 	const char *properties_file;  // "" or a path: name=value lines (secrets)
 	int message_timeout_ms;
 	int max_event_bytes; // outbox.max_payload_bytes
+	int connections;     // outbox.kafka_connections: librdkafka handles, each partition sent by one
 	StopCheck stop_requested;
 };
 
@@ -144,5 +148,7 @@ const char *LibraryVersion() noexcept;
 constexpr int kMetadataLookupMs = 500;
 constexpr int kQueueFullBudgetMs = 5000;
 constexpr int kWaitSliceMs = 100;
+// outbox.kafka_connections' upper bound.
+constexpr int kMaxConnections = 16;
 
 } // namespace outbox::kafka

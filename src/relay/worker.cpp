@@ -236,7 +236,8 @@ kafka::ProducerConfig
 CurrentProducerConfig() {
 	return kafka::ProducerConfig{settings.bootstrap_servers,       settings.kafka_properties,
 	                             settings.kafka_properties_file,   settings.publish_timeout_ms,
-	                             settings.max_payload_bytes,       StopRequested};
+	                             settings.max_payload_bytes,       settings.kafka_connections,
+	                             StopRequested};
 }
 
 // The settings of the database (ALTER DATABASE ... SET, which its owner may do) and of the role
@@ -522,6 +523,9 @@ TakeResult(int i, const kafka::Delivery &d, Outcome *outcomes, const char **erro
 		outcomes[i] = Outcome::Rejected;
 		break;
 	case kafka::ErrorClass::UnknownPartition:
+		if (d.partition_chosen) {
+			break; // the relay's partition count was stale: pending again, counted anew
+		}
 		// Failed at once, not after outbox.max_attempts: partitions exist or not by the topic's
 		// configuration (docs/envelopes.md "Partitions").
 		outcomes[i] = Outcome::Quarantined;

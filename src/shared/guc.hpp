@@ -25,6 +25,7 @@ struct Settings {
 	char *kafka_properties; // superuser-only and hidden: may hold SASL passwords
 	char *kafka_properties_file; // path of name=value lines read by the worker (for secrets)
 	int publish_timeout_ms;
+	int kafka_connections; // librdkafka producers per worker, each sending its share of the partitions
 	// Batching and pacing.
 	int batch_size;
 	int batch_max_bytes;
