@@ -50,7 +50,11 @@ BURST_BROKERS = {"burst_4topic_1broker": 1}
 # table_health: the 0.4.0 preview by default (issue 16 item 4 is measured there), 0.3.0 on request.
 HEALTH_SYSTEMS = ["outbox_040", "outbox"]
 HEALTH_SYSTEMS_DEFAULT = ["outbox_040"]
-BURST_SYSTEMS = ["outbox", "outbox_040", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"]
+# outbox_040_1conn: the same relay with outbox.kafka_connections = 1 (one producer that partitions
+# itself, the relay before that setting): what the connections give, in the same run.
+BURST_SYSTEMS = ["outbox", "outbox_040", "outbox_040_1conn", "tuned", "batched", "floor_delete", "floor_update",
+                 "floor_update2"]
+PREVIEW_CONNECTIONS = {"outbox_040": None, "outbox_040_1conn": 1}  # None: the setting's default
 
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
 # 2-core machine) forces a scale-down; RESULTS.md lists each one and why.
@@ -203,8 +207,8 @@ class Bench:
         load's transaction (the burst workloads load without)."""
         db = self.db
         seen_drained = None
-        if system == "outbox_040":
-            return self.preview_drain(workers, rtt, dataset, n, label, topics, partitions)
+        if system in PREVIEW_CONNECTIONS:
+            return self.preview_drain(workers, rtt, dataset, n, label, topics, partitions, system)
         self.prepare(system, workers, rtt)
         if topics:
             topic = [self.mock.new_topic(f"{label}-{t}", partitions) for t in topics]
@@ -329,7 +333,7 @@ class Bench:
         self.results["skipped"][workload][system] = reason
         self.save()
 
-    def preview_drain(self, workers, rtt, dataset, n, label, topics, partitions):
+    def preview_drain(self, workers, rtt, dataset, n, label, topics, partitions, system="outbox_040"):
         """drain() for the 0.4.0 preview: a database of its own (common.preview_database) with the
         data set copied in, the 0.3.0 relay of "postgres" paused, the preview's relay running and
         idle at the same settings; the same load (one transaction, no ANALYZE, autovacuum off for
@@ -344,7 +348,10 @@ class Bench:
         db.reset_outbox()
         self.seed_index_on(False)
         self.tuned_index_on(False)
-        db.configure(workers, self.mock.bootstrap, {"jit": "on", "track_commit_timestamp": "off"})
+        connections = PREVIEW_CONNECTIONS[system]
+        db.configure(workers, self.mock.bootstrap, {"jit": "on", "track_commit_timestamp": "off"},
+                     kafka_connections=connections)
+        connections = int(db.value("SELECT setting FROM pg_settings WHERE name = 'outbox.kafka_connections'"))
         pdb = common.Database(db, common.PREVIEW_DB)
         try:
             common.relay_paused(db, True)  # the 0.3.0 relay of "postgres": nothing to do, but off
@@ -356,7 +363,7 @@ class Bench:
                 pdb.sql(f"ALTER TABLE {t} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
             common.preview_relay_ready(db, workers)
             topic = [self.mock.new_topic(f"{label}-{t}", partitions) for t in topics]
-            res = {"system": "outbox_040", "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
+            res = {"system": system, "kafka_connections": connections, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
                    "partitions": partitions, "brokers": self.mock.brokers, "window_s": None, "tailing_reader": False,
                    "topics": len(topics), "analyze": False, "database": common.PREVIEW_DB,
                    "extversion": pdb.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'")}
@@ -488,7 +495,7 @@ class Bench:
                         if system in FLOOR_SYSTEMS and rt != s["burst_drain_rtts_ms"][0]:
                             continue  # the floors send nothing: RTT is moot
                         cells.append((r, system, w, 0 if system in FLOOR_SYSTEMS else rt))
-        if any(c[1] == "outbox_040" for c in cells) and self.preview_reason is None:
+        if any(c[1] in PREVIEW_CONNECTIONS for c in cells) and self.preview_reason is None:
             self.preview_reason = common.preview_available(db) or ""
         db.sql("ALTER TABLE outbox.events SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
         try:

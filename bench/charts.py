@@ -6,10 +6,11 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"outbox": "tab:blue", "outbox_040": "tab:purple", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
+COLORS = {"outbox": "tab:blue", "outbox_040": "tab:purple", "outbox_040_1conn": "tab:pink", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
           "outbox_jit_off": "tab:cyan", "tuned": "tab:green", "floor_delete": "black",
           "floor_update": "tab:gray", "floor_update2": "tab:brown"}
-NAMES = {"outbox": "outbox 0.3.0 relay", "outbox_040": "outbox 0.4.0 relay (default)", "batched": "naive batched relay", "seed": "seed-style relay",
+NAMES = {"outbox": "outbox 0.3.0 relay", "outbox_040": "outbox 0.4.0 relay (default)",
+         "outbox_040_1conn": "outbox 0.4.0 relay, kafka_connections = 1", "batched": "naive batched relay", "seed": "seed-style relay",
          "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off",
          "tuned": "tuned batched relay", "floor_delete": "floor: claim + DELETE",
          "floor_update": "floor: claim + 1 UPDATE", "floor_update2": "floor: claim + 2 UPDATEs"}

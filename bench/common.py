@@ -132,13 +132,18 @@ class Postgres:
     def configure(self, workers, bootstrap=None, settings=None, **outbox):
         """Relay with `workers` workers (0: off) publishing to `bootstrap`, plus any server
         `settings` ({name: value}, e.g. {"jit": "off"}) and outbox.* settings as keywords; ALTER
-        SYSTEM and a restart when anything changed (outbox.workers needs one)."""
+        SYSTEM and a restart when anything changed (outbox.workers needs one). An outbox.* keyword
+        given as None, and outbox.kafka_connections when not given, is the setting's default (so
+        a cell that changed it leaves nothing behind for the next)."""
+        outbox.setdefault("kafka_connections", None)
         wanted = {"outbox.workers": str(workers)}
         if bootstrap is not None:
             wanted["outbox.bootstrap_servers"] = bootstrap
         for name, value in (settings or {}).items():
             wanted[name] = str(value)
         for name, value in outbox.items():
+            if value is None:
+                value = self.value(f"SELECT boot_val FROM pg_settings WHERE name = 'outbox.{name}'")
             wanted["outbox." + name] = str(value)
         changes = {k: v for k, v in wanted.items() if self.current.get(k) != v}
         if not changes:

@@ -2,7 +2,8 @@
 
 from common import median
 
-LABEL = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.0 (default)", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
+LABEL = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.0 (default)",
+         "outbox_040_1conn": "outbox 0.4.0, kafka_connections = 1", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
          "batched": "naive batched (ORDER BY created_at LIMIT 200)", "seed": "seed-style",
          "floor": "SQL floor: the relay's own claim + record (jit=off)",
          "floor_delete": "SQL floor: claim + DELETE", "floor_update": "SQL floor: claim + 1 UPDATE",
