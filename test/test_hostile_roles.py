@@ -210,8 +210,11 @@ def test_database_owner_settings_and_planted_code_change_nothing(owned_relay, mo
     # Settings only a superuser or the server's configuration may set are refused.
     for name, setting in (("session_replication_role", "replica"), ("outbox.allowed_topics", "x"),
                           ("outbox.relay_role", "mallory"), ("outbox.kafka_properties", "debug=all"),
-                          ("outbox.max_payload_bytes", "1")):
+                          ("outbox.max_payload_bytes", "1"), ("outbox.kafka_connections", "16")):
         refused(pg, "mallory", f"ALTER DATABASE shop SET {name} = '{setting}'", sqlstates=("42501", "55P02"))
+    # Nor in a session (each of a worker's connections is its threads and a producer id on the broker).
+    refused(pg, "mallory", "SET outbox.kafka_connections = 16", sqlstates=("55P02",))
+    refused(pg, "mallory", "ALTER ROLE mallory SET outbox.kafka_connections = 16", sqlstates=("42501", "55P02"))
     # A cast between built-in types would be global: only their owner may create one.
     refused(pg, "mallory", "CREATE FUNCTION evil.to_int(smallint) RETURNS integer LANGUAGE sql "
                            "AS 'SELECT 0'; CREATE CAST (smallint AS integer) WITH FUNCTION evil.to_int(smallint)")

@@ -18,7 +18,9 @@
 #include <new>
 #include <pthread.h>
 #include <random>
+#include <set>
 #include <string>
+#include <string_view>
 #include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
@@ -34,8 +36,11 @@ namespace outbox::kafka {
 namespace {
 
 constexpr size_t kMaxBufferedLogLines = 256;
-// Longer than handing over a full batch takes (about 1 ms per 1,000 events here).
-constexpr int kLingerMs = 50;
+// How long librdkafka holds a partition's messages before a request. Handing a partition's share
+// of a batch over takes well under this (PlanBatch groups each partition's messages), and a short
+// one lets the first partitions leave while the rest are handed over; between the flush's slices,
+// when no flush is running, it is all a handle waits before sending what a reply made room for.
+constexpr int kLingerMs = 5;
 // How long a topic's partition count, looked up by the relay to route its events to a
 // connection, is used before it is asked again (librdkafka refreshes its own every 5 minutes).
 constexpr auto kPartitionCountMaxAge = std::chrono::seconds(60);
@@ -210,10 +215,10 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	// Up to 5 requests in flight per broker, the idempotent producer's limit: librdkafka sends
 	// one request per partition, so fewer would send a batch's partitions one round trip after
 	// another (4 to 6 times slower here). Order across requests of one partition rests on the
-	// broker's sequence check (what idempotence guarantees); and as the worker hands over a
-	// whole batch at once and waits for all of it before the next, a partition's share of a
-	// batch normally travels in a single request, so there is no second request of that
-	// partition on the wire to overtake it.
+	// broker's sequence check (what idempotence guarantees); and as the worker hands a
+	// partition's share of a batch over in one go (PlanBatch) and waits for all of the batch
+	// before the next, that share normally travels in a single request, so there is no second
+	// request of that partition on the wire to overtake it.
 	own("max.in.flight.requests.per.connection", "5");
 	own("partitioner", "murmur2_random");
 	own("message.timeout.ms", std::to_string(config.message_timeout_ms));
@@ -221,8 +226,8 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	// messages time out (which would look like broker trouble).
 	own("topic.metadata.propagation.max.ms", std::to_string(config.message_timeout_ms / 2));
 	own("log.queue", "true");
-	// Hold messages while the worker hands the batch over, so that a partition's share does not
-	// leave in two requests (above). Flush() then sends at once (linger does not apply
+	// Hold a partition's messages while the worker hands its share over, so that it does not
+	// leave in two requests (above). Flush() then sends the rest at once (linger does not apply
 	// during a flush).
 	own("linger.ms", std::to_string(kLingerMs));
 	own("socket.nagle.disable", "true");
@@ -347,6 +352,13 @@ public:
 	// The topics looked up (std::less<>: found by const char *, no copy).
 	std::map<std::string, TopicInfo, std::less<>> topics;
 	std::minstd_rand keyless_partitions; // a keyless event's partition, with several handles
+	// The current batch's routes, by message index, once PlanBatch made them.
+	struct Route {
+		int32_t partition;
+		uint32_t handle;
+		bool chosen;
+	};
+	std::vector<Route> routes;
 
 	// With `mutex` held.
 	void AddLogLineLocked(int level, const std::string &line) {
@@ -620,6 +632,7 @@ BeginBatch(Producer *p, int n) noexcept {
 	try {
 		p->generation++;
 		p->results.assign(size_t(n), Delivery{false, false, 0, -1, -1, false});
+		p->routes.clear();
 		p->outstanding = 0;
 		p->acked = 0;
 		p->queue_full_wait_left_ms = kQueueFullBudgetMs;
@@ -631,28 +644,39 @@ BeginBatch(Producer *p, int n) noexcept {
 
 namespace {
 
-enum class LookUp { Answered, Skipped, NoAnswer };
-
-// Asks handle rk's brokers for `topic`'s metadata (librdkafka keeps what it learns for the
-// handle's own partitioner and partition checks); *partitions: its count, 0 when the broker
-// does not know the topic.
-LookUp
-LookUpTopic(rd_kafka_t *rk, const char *topic, long wait_ms, int32_t *partitions) {
-	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, nullptr);
-	if (rkt == nullptr) {
-		return LookUp::Skipped;
+// Asks handle rk's brokers, in one metadata request, for every topic the handle knows locally,
+// after making each of `topics` known to it (librdkafka keeps what it learns for the handle's own
+// partitioner and partition checks). *counts (when set) gets each of `topics`' partition count, 0
+// for a topic the broker does not know. False when no broker answered within wait_ms.
+bool
+LookUpTopics(rd_kafka_t *rk, const std::vector<const char *> &topics, long wait_ms, std::vector<int32_t> *counts) {
+	std::vector<rd_kafka_topic_t *> handles;
+	handles.reserve(topics.size());
+	for (const char *topic : topics) {
+		if (rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, nullptr)) {
+			handles.push_back(rkt);
+		}
 	}
 	const struct rd_kafka_metadata *md = nullptr;
-	rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, int(std::min<long>(wait_ms, kMetadataLookupMs)));
-	*partitions = 0;
-	if (md) {
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topic_cnt == 1 && md->topics[0].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-			*partitions = md->topics[0].partition_cnt;
+	// all_topics = 0 and no topic handle: the topics the handle knows, which now include these.
+	rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, nullptr, &md, int(std::min<long>(wait_ms, kMetadataLookupMs)));
+	if (counts) {
+		counts->assign(topics.size(), 0);
+		for (int t = 0; md && err == RD_KAFKA_RESP_ERR_NO_ERROR && t < md->topic_cnt; t++) {
+			for (size_t i = 0; i < topics.size(); i++) {
+				if (md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR && strcmp(md->topics[t].topic, topics[i]) == 0) {
+					(*counts)[i] = md->topics[t].partition_cnt;
+				}
+			}
 		}
+	}
+	if (md) {
 		rd_kafka_metadata_destroy(md);
 	}
-	rd_kafka_topic_destroy(rkt);
-	return err == RD_KAFKA_RESP_ERR_NO_ERROR ? LookUp::Answered : LookUp::NoAnswer;
+	for (rd_kafka_topic_t *rkt : handles) {
+		rd_kafka_topic_destroy(rkt);
+	}
+	return err == RD_KAFKA_RESP_ERR_NO_ERROR;
 }
 
 } // namespace
@@ -663,48 +687,76 @@ PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_m
 	if (p->partition_counts_stale.exchange(false)) {
 		p->topics.clear();
 	}
+	if (StopRequested(p->config)) {
+		return;
+	}
 	bool routed = p->handles.size() > 1;
-	for (int i = 0; i < n_topics; i++) {
-		// Called with every event's topic: a topic already seen is found without a string copy.
-		auto known = p->topics.find(topics[i]);
-		// With one handle a topic is looked up once (librdkafka refreshes it); with several, the
-		// count that routes its events is asked again now and then.
-		if (known != p->topics.end() && (!routed || start - known->second.looked_up < kPartitionCountMaxAge)) {
-			continue;
-		}
-		int32_t partitions = 0;
-		LookUp answer = LookUp::NoAnswer;
-		// A new topic is looked up by every handle (each would otherwise wait for its own
-		// metadata tick), a known one by the first, and by every handle when its count changed
-		// (a handle refuses a partition it does not know of).
-		for (size_t h = 0; h < p->handles.size(); h++) {
-			if (h > 0 && known != p->topics.end() && known->second.partitions == partitions) {
-				break;
+	try {
+		// The batch's topics not looked up yet, or (several handles) whose count is a minute old.
+		std::vector<const char *> wanted;
+		std::set<std::string_view> seen;
+		for (int i = 0; i < n_topics; i++) {
+			// Called with every event's topic: a topic already seen is found without a string copy.
+			auto known = p->topics.find(topics[i]);
+			if (known != p->topics.end() && (!routed || start - known->second.looked_up < kPartitionCountMaxAge)) {
+				continue;
 			}
-			long left_ms = budget_ms - MillisSince(start);
-			if (left_ms <= 0 || StopRequested(p->config)) {
-				return;
-			}
-			int32_t counted = 0;
-			answer = LookUpTopic(p->handles[h], topics[i], left_ms, &counted);
-			if (answer == LookUp::NoAnswer) {
-				return; // no answer: the next topics would wait as long; looked up again next batch
-			}
-			if (answer == LookUp::Skipped) {
-				break;
-			}
-			if (h == 0) {
-				partitions = counted;
+			if (seen.insert(topics[i]).second) {
+				wanted.push_back(topics[i]);
 			}
 		}
-		if (answer != LookUp::Answered) {
-			continue;
+		if (wanted.empty()) {
+			return;
 		}
-		try {
-			p->topics.insert_or_assign(topics[i], TopicInfo{partitions, start});
-		} catch (const std::bad_alloc &) {
-			return; // its events go the way of an unknown topic
+		long wait_ms = std::min<long>(budget_ms, kMetadataLookupMs);
+		std::vector<int32_t> counts;
+		if (!LookUpTopics(p->handles[0], wanted, wait_ms, &counts)) {
+			return; // no answer: looked up again next batch; librdkafka looks them up itself meanwhile
 		}
+		// The other handles learn a topic that is new, or whose count changed (a handle refuses a
+		// partition it does not know of), at the same time, one thread each (signals blocked;
+		// nothing but librdkafka calls), each bounded like the first.
+		std::vector<const char *> for_others;
+		for (size_t i = 0; i < wanted.size(); i++) {
+			auto known = p->topics.find(wanted[i]);
+			if (known == p->topics.end() || known->second.partitions != counts[i]) {
+				for_others.push_back(wanted[i]);
+			}
+		}
+		std::vector<char> answered(p->handles.size(), 1);
+		if (!for_others.empty() && p->handles.size() > 1) {
+			std::fill(answered.begin() + 1, answered.end(), 0); // until its thread says otherwise
+			std::vector<std::thread> helpers;
+			helpers.reserve(p->handles.size());
+			{
+				AllSignalsBlocked blocked;
+				for (size_t h = 1; h < p->handles.size() && !StopRequested(p->config); h++) {
+					try {
+						helpers.emplace_back([&, h]() noexcept {
+							try {
+								answered[h] = LookUpTopics(p->handles[h], for_others, wait_ms, nullptr);
+							} catch (...) {
+							}
+						});
+					} catch (...) {
+						break; // no thread: those handles are asked next batch
+					}
+				}
+			}
+			for (std::thread &t : helpers) {
+				t.join();
+			}
+		}
+		bool all_answered = std::all_of(answered.begin(), answered.end(), [](char a) { return a != 0; });
+		for (size_t i = 0; i < wanted.size(); i++) {
+			bool told_others = std::find(for_others.begin(), for_others.end(), wanted[i]) != for_others.end();
+			if (!told_others || all_answered) { // else asked again next batch, the old count kept
+				p->topics.insert_or_assign(wanted[i], TopicInfo{counts[i], start});
+			}
+		}
+	} catch (...) {
+		// Out of memory or no thread: only an optimisation; a topic not noted is looked up again
+		// next batch and meanwhile goes the first handle's way.
 	}
 }
 
@@ -775,11 +827,58 @@ RouteOf(Producer *p, const Message &m, int32_t *partition, bool *chosen) {
 
 } // namespace
 
+bool
+PlanBatch(Producer *p, const Message *messages, int n, int *order) noexcept {
+	try {
+		p->routes.resize(size_t(n));
+		bool keyed_partition = false;
+		for (int j = 0; j < n; j++) {
+			Producer::Route &r = p->routes[size_t(j)];
+			r.handle = uint32_t(RouteOf(p, messages[j], &r.partition, &r.chosen));
+			order[j] = j;
+			keyed_partition = keyed_partition || (messages[j].key && messages[j].partition >= 0);
+		}
+		// A keyed event that names its partition may put its (topic, key) on two partitions in
+		// one batch, and grouping could then hand a later event over before an earlier one that
+		// the producer refuses: such a batch goes in batch order. Otherwise a (topic, key) has
+		// one route in a batch, and a stable sort by route keeps its order.
+		if (keyed_partition) {
+			return true;
+		}
+		std::stable_sort(order, order + n, [p, messages](int a, int b) {
+			const Producer::Route &x = p->routes[size_t(a)], &y = p->routes[size_t(b)];
+			if (x.handle != y.handle) {
+				return x.handle < y.handle;
+			}
+			if (x.partition != y.partition) {
+				return x.partition < y.partition;
+			}
+			return strcmp(messages[a].topic, messages[b].topic) < 0;
+		});
+		return true;
+	} catch (const std::bad_alloc &) {
+		p->routes.clear();
+		for (int j = 0; j < n; j++) {
+			order[j] = j;
+		}
+		return false;
+	}
+}
+
 int
 Produce(Producer *p, int index, const Message &m) noexcept {
 	int32_t partition;
 	bool chosen;
-	rd_kafka_t *rk = p->handles[RouteOf(p, m, &partition, &chosen)];
+	size_t handle;
+	if (size_t(index) < p->routes.size()) {
+		const Producer::Route &planned = p->routes[size_t(index)];
+		partition = planned.partition;
+		chosen = planned.chosen;
+		handle = planned.handle;
+	} else {
+		handle = RouteOf(p, m, &partition, &chosen);
+	}
+	rd_kafka_t *rk = p->handles[handle];
 	p->results[size_t(index)].partition_chosen = chosen;
 	rd_kafka_headers_t *headers = rd_kafka_headers_new(size_t(m.n_headers));
 	for (int i = 0; i < m.n_headers; i++) {

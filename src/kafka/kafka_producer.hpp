@@ -117,6 +117,13 @@ bool BrokerReachable(Producer *producer, int budget_ms) noexcept;
 // Why the last connection to a broker failed, since one last answered (text in buf, no secret
 // in it): Refused when the broker refused the relay's login or a certificate.
 ConnectProblem LastConnectProblem(const Producer *producer, char *buf, size_t len) noexcept;
+// Fixes the route of each of the batch's n messages (the handle and partition that will send
+// it; Produce takes it from here) and gives, in order[0..n), the order to hand them over in:
+// grouped by handle and partition, batch order inside each group, so a key's messages keep their
+// order (batch order when a keyed message names its own partition: its key may have two). With a short linger, a partition's share then leaves in one request while the next
+// partitions are still being handed over. False when out of memory (then: batch order, routes
+// made at Produce).
+bool PlanBatch(Producer *producer, const Message *messages, int n, int *order) noexcept;
 // Enqueues message `index` of the batch. Returns 0, or the librdkafka error that refused it
 // locally (its result is then not waited for). When the queue is full it waits for room, in
 // slices, at most kQueueFullBudgetMs per batch, and not once the stop check is true.

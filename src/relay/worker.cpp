@@ -478,20 +478,29 @@ SendEvents(const Batch &batch, const int *indices, int count, kafka::Delivery *d
 		topics[j] = batch.events[indices[j]].topic;
 	}
 	kafka::PrepareTopics(producer, topics, count, kTopicMetadataBudgetMs);
+	kafka::Message *messages = static_cast<kafka::Message *>(palloc(sizeof(kafka::Message) * count));
+	for (int j = 0; j < count; j++) {
+		const ClaimedEvent &e = batch.events[indices[j]];
+		messages[j] = kafka::Message{e.topic,     e.key,       size_t(e.key_len), e.payload,     size_t(e.payload_len),
+		                             e.headers,   e.n_headers, e.partition,       e.timestamp_ms};
+	}
+	// Handed over grouped by the partition (and connection) that sends them; a key's events stay
+	// in order (kafka_producer.hpp).
+	int *order = static_cast<int *>(palloc(sizeof(int) * count));
+	(void)kafka::PlanBatch(producer, messages, count, order);
 	const ClaimedEvent **stopped = static_cast<const ClaimedEvent **>(palloc0(sizeof(ClaimedEvent *) * count));
 	int n_stopped = 0;
-	for (int j = 0; j < count && !StopRequested(); j++) {
+	for (int k = 0; k < count && !StopRequested(); k++) {
+		int j = order[k];
 		const ClaimedEvent &e = batch.events[indices[j]];
 		bool behind_refused = false;
-		for (int k = 0; e.key && k < n_stopped && !behind_refused; k++) {
-			behind_refused = SameOrderScope(*stopped[k], e);
+		for (int s = 0; e.key && s < n_stopped && !behind_refused; s++) {
+			behind_refused = SameOrderScope(*stopped[s], e);
 		}
 		if (behind_refused) {
 			continue;
 		}
-		kafka::Message m{e.topic, e.key, size_t(e.key_len), e.payload, size_t(e.payload_len), e.headers, e.n_headers,
-		                 e.partition, e.timestamp_ms};
-		if (kafka::Produce(producer, j, m) != 0 && e.key) {
+		if (kafka::Produce(producer, j, messages[j]) != 0 && e.key) {
 			stopped[n_stopped++] = &e;
 		}
 	}
