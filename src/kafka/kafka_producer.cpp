@@ -17,12 +17,12 @@
 #include <mutex>
 #include <new>
 #include <pthread.h>
-#include <random>
 #include <set>
 #include <string>
 #include <string_view>
 #include <sys/stat.h>
 #include <thread>
+#include <unordered_map>
 #include <unistd.h>
 #include <vector>
 
@@ -42,8 +42,10 @@ constexpr size_t kMaxBufferedLogLines = 256;
 // when no flush is running, it is all a handle waits before sending what a reply made room for.
 constexpr int kLingerMs = 5;
 // How long a topic's partition count, looked up by the relay to route its events to a
-// connection, is used before it is asked again (librdkafka refreshes its own every 5 minutes).
+// connection, is used before it is asked again (librdkafka refreshes its own every 5 minutes);
+// a topic the broker did not know (not made yet, no leader yet) is asked again sooner.
 constexpr auto kPartitionCountMaxAge = std::chrono::seconds(60);
+constexpr auto kUnknownTopicMaxAge = std::chrono::seconds(1);
 
 std::string
 Trim(const std::string &s) {
@@ -327,8 +329,8 @@ public:
 	Properties properties;        // the configuration the handle was made with
 	int queue_full_wait_left_ms = 0; // of this batch
 	// One librdkafka handle per connection (outbox.kafka_connections), each with its own
-	// connection to every broker; handles[0] also makes the metadata look-ups. With more than
-	// one, a partition is only ever sent by handles[partition % size] (RouteOf).
+	// connection to every broker; handles[0] also makes the metadata look-ups. A keyed event of
+	// partition P is only ever sent by handles[P % size] (RouteOf).
 	std::vector<rd_kafka_t *> handles;
 	uint32_t generation = 0;
 	std::vector<Delivery> results;
@@ -351,12 +353,10 @@ public:
 	std::atomic<bool> connect_error_set{false}; // connect_error is not None (read without the lock)
 	// The topics looked up (std::less<>: found by const char *, no copy).
 	std::map<std::string, TopicInfo, std::less<>> topics;
-	std::minstd_rand keyless_partitions; // a keyless event's partition, with several handles
 	// The current batch's routes, by message index, once PlanBatch made them.
 	struct Route {
 		int32_t partition;
 		uint32_t handle;
-		bool chosen;
 	};
 	std::vector<Route> routes;
 
@@ -386,13 +386,6 @@ public:
 
 namespace {
 
-// A refusal that says the partition the relay chose is not the topic's (the topic was made anew
-// with fewer partitions): the counts are looked up again before the next batch, as librdkafka
-// refreshes its own metadata on such an error.
-bool
-RefusesChosenPartition(rd_kafka_resp_err_t err) {
-	return err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION || err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
-}
 
 // Delivery report: runs inside rd_kafka_poll() or rd_kafka_flush() on the thread that serves its handle
 // (Flush). Writes only into the Producer; never calls Postgres.
@@ -415,6 +408,8 @@ OnDelivery(rd_kafka_t *, const rd_kafka_message_t *msg, void *opaque) noexcept {
 		p->acked++;
 		p->MarkBrokerUp();
 	} else if (d.partition_chosen && RefusesChosenPartition(msg->err)) {
+		// The counts are looked up again before the next batch, as librdkafka refreshes its own
+		// metadata on such an error.
 		p->partition_counts_stale.store(true);
 	}
 }
@@ -486,10 +481,13 @@ OnCertificateVerify(rd_kafka_t *, const char *, int32_t, int *x509_error, int, c
 } // namespace
 
 Producer::~Producer() {
+	// Give queued messages no further chance: the rows they came from go back to pending. Every
+	// handle is purged before the first is destroyed, so none waits on another's destroy.
 	for (rd_kafka_t *rk : handles) {
-		// Give queued messages no further chance: the rows they came from go back to pending.
 		rd_kafka_purge(rk, RD_KAFKA_PURGE_F_QUEUE | RD_KAFKA_PURGE_F_INFLIGHT);
 		rd_kafka_poll(rk, 0);
+	}
+	for (rd_kafka_t *rk : handles) {
 		rd_kafka_destroy(rk);
 	}
 }
@@ -662,11 +660,14 @@ LookUpTopics(rd_kafka_t *rk, const std::vector<const char *> &topics, long wait_
 	rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, nullptr, &md, int(std::min<long>(wait_ms, kMetadataLookupMs)));
 	if (counts) {
 		counts->assign(topics.size(), 0);
+		std::unordered_map<std::string_view, size_t> wanted;
+		for (size_t i = 0; i < topics.size(); i++) {
+			wanted.emplace(topics[i], i);
+		}
 		for (int t = 0; md && err == RD_KAFKA_RESP_ERR_NO_ERROR && t < md->topic_cnt; t++) {
-			for (size_t i = 0; i < topics.size(); i++) {
-				if (md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR && strcmp(md->topics[t].topic, topics[i]) == 0) {
-					(*counts)[i] = md->topics[t].partition_cnt;
-				}
+			auto it = wanted.find(md->topics[t].topic);
+			if (it != wanted.end() && md->topics[t].err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+				(*counts)[it->second] = md->topics[t].partition_cnt;
 			}
 		}
 	}
@@ -690,7 +691,6 @@ PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_m
 	if (StopRequested(p->config)) {
 		return;
 	}
-	bool routed = p->handles.size() > 1;
 	try {
 		// The batch's topics not looked up yet, or (several handles) whose count is a minute old.
 		std::vector<const char *> wanted;
@@ -698,7 +698,9 @@ PrepareTopics(Producer *p, const char *const *topics, int n_topics, int budget_m
 		for (int i = 0; i < n_topics; i++) {
 			// Called with every event's topic: a topic already seen is found without a string copy.
 			auto known = p->topics.find(topics[i]);
-			if (known != p->topics.end() && (!routed || start - known->second.looked_up < kPartitionCountMaxAge)) {
+			if (known != p->topics.end() &&
+			    start - known->second.looked_up <
+			        (known->second.partitions > 0 ? kPartitionCountMaxAge : kUnknownTopicMaxAge)) {
 				continue;
 			}
 			if (seen.insert(topics[i]).second) {
@@ -771,7 +773,9 @@ BrokerReachable(Producer *p, int budget_ms) noexcept {
 			}
 			return false;
 		}
-		rd_kafka_poll(p->handles[0], 0); // errors and logs meanwhile, on this thread
+		for (rd_kafka_t *rk : p->handles) {
+			rd_kafka_poll(rk, 0); // errors and logs meanwhile, on this thread
+		}
 		const struct rd_kafka_metadata *md = nullptr;
 		rd_kafka_resp_err_t err =
 		    rd_kafka_metadata(p->handles[0], 0, nullptr, &md, int(std::min<long>(left_ms, kMetadataLookupMs)));
@@ -795,32 +799,32 @@ LastConnectProblem(const Producer *p, char *buf, size_t len) noexcept {
 namespace {
 
 // The handle that sends `m`, and the partition it names (*partition; -1: the handle's
-// partitioner picks). One handle sends everything as it comes. With several, each partition is
-// sent by one handle only, partition % handles: a connection then carries a share of the
-// partitions, and a batch needs as many requests per connection (librdkafka sends one request
-// per partition, and up to 5 at once per connection) as that share has partitions. So that a key
-// keeps its partition, the relay partitions as librdkafka would (murmur2 of the key over the
-// topic's partition count, a random partition for a keyless event) when it knows the count;
-// otherwise the first handle sends the event and picks. Per-key order across handles: a key's
-// events of one batch go to one partition and so to one handle, and a batch is sent only once
-// every report of the one before is in or the producer was remade (DESIGN.md "Publish").
+// partitioner picks). A keyed event's partition P is sent by handle P % handles only: a
+// connection then carries a share of the partitions, and a batch needs as many requests per
+// connection (librdkafka sends one request per partition, and up to 5 at once per connection) as
+// that share has partitions. So that a key keeps its partition, the relay partitions as
+// librdkafka would (murmur2 of the key over the topic's partition count) when it knows the
+// count. A keyless event goes through the first handle, whose sticky partitioner picks (and
+// passes over partitions without a leader); so does every event of a topic whose count is not
+// known. Per-key order across handles: a key's events of one batch go to one partition (unless
+// they name partitions) and so to one handle, and a batch is sent only once every report of the
+// one before is in or the producer was remade (DESIGN.md "Publish").
 size_t
-RouteOf(Producer *p, const Message &m, int32_t *partition, bool *chosen) {
+RouteOf(Producer *p, const Message &m, int32_t *partition) {
 	*partition = m.partition;
-	*chosen = false;
-	if (p->handles.size() == 1) {
+	auto topic = p->topics.find(m.topic);
+	if (topic == p->topics.end() || topic->second.partitions <= 0) {
+		// The first handle partitions the topic's unnamed events: its named ones go with them,
+		// so that no partition of it has two handles in one batch.
 		return 0;
 	}
 	if (*partition < 0) {
-		auto topic = p->topics.find(m.topic);
-		if (topic == p->topics.end() || topic->second.partitions <= 0) {
+		if (!m.key) {
 			return 0;
 		}
-		int32_t count = topic->second.partitions;
 		// The partitioner's function takes no topic handle for a key (it is murmur2 % count).
-		*partition = m.key ? rd_kafka_msg_partitioner_murmur2(nullptr, m.key, m.key_len, count, nullptr, nullptr)
-		                   : int32_t(p->keyless_partitions() % uint32_t(count));
-		*chosen = true;
+		*partition =
+		    rd_kafka_msg_partitioner_murmur2(nullptr, m.key, m.key_len, topic->second.partitions, nullptr, nullptr);
 	}
 	return size_t(*partition) % p->handles.size();
 }
@@ -834,18 +838,29 @@ PlanBatch(Producer *p, const Message *messages, int n, int *order) noexcept {
 		bool keyed_partition = false;
 		for (int j = 0; j < n; j++) {
 			Producer::Route &r = p->routes[size_t(j)];
-			r.handle = uint32_t(RouteOf(p, messages[j], &r.partition, &r.chosen));
+			r.handle = uint32_t(RouteOf(p, messages[j], &r.partition));
 			order[j] = j;
 			keyed_partition = keyed_partition || (messages[j].key && messages[j].partition >= 0);
 		}
-		// A keyed event that names its partition may put its (topic, key) on two partitions in
-		// one batch, and grouping could then hand a later event over before an earlier one that
-		// the producer refuses: such a batch goes in batch order. Otherwise a (topic, key) has
-		// one route in a batch, and a stable sort by route keeps its order.
-		if (keyed_partition) {
-			return true;
+		// Each message is handed over in the group of its route, except that a keyed event
+		// that names its partition may put its (topic, key) on two routes in one batch: then
+		// every event of a (topic, key) goes in the group of its first event's route, so that a
+		// (topic, key)'s events are still handed over in batch order and a later one is never
+		// handed over before an earlier one the producer refuses (the worker's rule).
+		std::vector<int> group(static_cast<size_t>(n));
+		std::unordered_map<std::string, int> first_of_key;
+		for (int j = 0; j < n; j++) {
+			group[size_t(j)] = j;
+			if (keyed_partition && messages[j].key) {
+				std::string scope(messages[j].topic);
+				scope.push_back('\0');
+				scope.append(static_cast<const char *>(messages[j].key), messages[j].key_len);
+				group[size_t(j)] = first_of_key.emplace(std::move(scope), j).first->second;
+			}
 		}
-		std::stable_sort(order, order + n, [p, messages](int a, int b) {
+		std::stable_sort(order, order + n, [p, messages, &group](int a, int b) {
+			a = group[size_t(a)];
+			b = group[size_t(b)];
 			const Producer::Route &x = p->routes[size_t(a)], &y = p->routes[size_t(b)];
 			if (x.handle != y.handle) {
 				return x.handle < y.handle;
@@ -868,18 +883,15 @@ PlanBatch(Producer *p, const Message *messages, int n, int *order) noexcept {
 int
 Produce(Producer *p, int index, const Message &m) noexcept {
 	int32_t partition;
-	bool chosen;
 	size_t handle;
 	if (size_t(index) < p->routes.size()) {
-		const Producer::Route &planned = p->routes[size_t(index)];
-		partition = planned.partition;
-		chosen = planned.chosen;
-		handle = planned.handle;
+		partition = p->routes[size_t(index)].partition;
+		handle = p->routes[size_t(index)].handle;
 	} else {
-		handle = RouteOf(p, m, &partition, &chosen);
+		handle = RouteOf(p, m, &partition);
 	}
 	rd_kafka_t *rk = p->handles[handle];
-	p->results[size_t(index)].partition_chosen = chosen;
+	p->results[size_t(index)].partition_chosen = m.partition < 0;
 	rd_kafka_headers_t *headers = rd_kafka_headers_new(size_t(m.n_headers));
 	for (int i = 0; i < m.n_headers; i++) {
 		rd_kafka_header_add(headers, m.headers[i].name, -1, m.headers[i].value, ssize_t(m.headers[i].value_len));
@@ -908,7 +920,7 @@ Produce(Producer *p, int index, const Message &m) noexcept {
 			d.refused_at_produce = true;
 			d.err = err;
 			d.partition = partition;
-			if (chosen && RefusesChosenPartition(err)) {
+			if (m.partition < 0 && RefusesChosenPartition(err)) {
 				p->partition_counts_stale.store(true);
 			}
 			return err;
@@ -997,6 +1009,11 @@ TakeLogLine(Producer *p, char *buf, size_t len, int *syslog_level) noexcept {
 	snprintf(buf, len, "%s", p->log_lines.front().second.c_str());
 	p->log_lines.pop_front();
 	return true;
+}
+
+bool
+RefusesChosenPartition(int err) noexcept {
+	return err == RD_KAFKA_RESP_ERR__UNKNOWN_PARTITION || err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART;
 }
 
 ErrorClass

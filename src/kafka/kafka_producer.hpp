@@ -1,9 +1,12 @@
-// The relay's Kafka producer: one librdkafka handle per relay worker, created in the worker
-// process. The only file that includes rdkafka.h, with kafka_reserved.cpp.
+// The relay's Kafka producer: outbox.kafka_connections librdkafka handles per relay worker,
+// created in the worker process, each partition sent by one of them. The only file that
+// includes rdkafka.h, with kafka_reserved.cpp.
 //
 // Threads: librdkafka runs its own threads. None of them ever reaches Postgres code: delivery
-// reports, errors and log lines are served from Flush() on the worker's own thread, and they
-// only write into memory this object owns. The worker reads the results afterwards.
+// reports, errors and log lines are served from Flush() (on the worker's thread and, with
+// several handles, threads of Flush's own that it joins before returning) and from the waits
+// below, and they only write into memory this object owns. The worker reads the results
+// afterwards.
 // Interface: plain data and noexcept functions, so callers that also call Postgres hold no C++
 // objects on their stack.
 #pragma once
@@ -37,8 +40,9 @@ struct Delivery {
 	int err;                 // rd_kafka_resp_err_t; 0 = appended to the partition log
 	int32_t partition;
 	int64_t offset;
-	// The relay chose the partition (several connections), not the event: a refusal of it as
-	// unknown is the relay's stale partition count, not the event's fault.
+	// The event did not name its partition (the relay or librdkafka chose it): a refusal of it
+	// as not the topic's is a stale partition count (the topic made anew with fewer partitions),
+	// not the event's fault (RefusesChosenPartition).
 	bool partition_chosen;
 };
 
@@ -57,7 +61,8 @@ enum class ErrorClass {
 	// this event's fault, nor the broker's.
 	Purged,
 	// The event names a partition its topic does not have (enqueue's partition argument): the
-	// topic's configuration, not a passing state, so retrying would not help.
+	// topic's configuration, not a passing state, so retrying would not help. (A partition the
+	// relay chose is another matter: RefusesChosenPartition.)
 	UnknownPartition,
 };
 
@@ -104,11 +109,12 @@ bool ConfigDiffers(const Producer *producer, const ProducerConfig &config) noexc
 // Reports of messages of an earlier batch (after a timeout) are ignored.
 bool BeginBatch(Producer *producer, int n) noexcept;
 // librdkafka 2.0.2 looks up a topic it has not seen on its next one-second metadata tick; a
-// first publish to a topic would wait for it. This asks for the metadata of each topic not seen
-// yet at once (once per topic and producer), at most kMetadataLookupMs each and budget_ms in
-// all; the first look-up that times out ends it (the broker is not answering, the others would
-// wait the same), and so does the stop check. Only an optimisation: a topic not looked up here
-// is looked up by librdkafka itself.
+// first publish to a topic would wait for it. And the relay routes a keyed event by its topic's
+// partition count. This asks, in one metadata request, for the topics not seen yet and those
+// whose count is a minute old (a second for one the broker did not know): the first handle,
+// then the others at the same time for a topic new to them or whose count changed; each request
+// waits at most min(kMetadataLookupMs, budget_ms), none starts after the stop check said stop.
+// A topic not looked up here goes the first handle's way, which partitions it itself.
 void PrepareTopics(Producer *producer, const char *const *topics, int n_topics, int budget_ms) noexcept;
 // Whether a broker answers: at once true when the producer's last word from the brokers was an
 // ack; otherwise (a new producer, every broker down, a name that does not resolve) a metadata
@@ -128,8 +134,9 @@ bool PlanBatch(Producer *producer, const Message *messages, int n, int *order) n
 // locally (its result is then not waited for). When the queue is full it waits for room, in
 // slices, at most kQueueFullBudgetMs per batch, and not once the stop check is true.
 int Produce(Producer *producer, int index, const Message &message) noexcept;
-// Sends what is queued at once (no lingering meanwhile) and serves delivery reports on the
-// calling thread for up to max_wait_ms (less when all are in).
+// Sends what is queued at once (no lingering meanwhile) and serves delivery reports for up to
+// max_wait_ms (less when all are in): every handle that holds something at the same time, the
+// first on the calling thread.
 void Flush(Producer *producer, int max_wait_ms) noexcept;
 // How many messages of the current batch have no report yet.
 int Outstanding(const Producer *producer) noexcept;
@@ -145,6 +152,11 @@ int BrokerUp(const Producer *producer) noexcept;
 bool TakeLogLine(Producer *producer, char *buf, size_t len, int *syslog_level) noexcept;
 
 ErrorClass Classify(int err) noexcept;
+// A refusal that says the topic has no such partition. For a partition the event did not name
+// (Delivery::partition_chosen) the count it was chosen by was stale (a topic made anew with fewer
+// partitions): not the event's fault; the relay's counts are looked up again before the next
+// batch (librdkafka refreshes its own on such an error).
+bool RefusesChosenPartition(int err) noexcept;
 const char *ErrorName(int err) noexcept;
 const char *ErrorText(int err) noexcept;
 // The librdkafka the server loaded ("2.8.0"): the one this module was linked against only when

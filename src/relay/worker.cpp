@@ -526,15 +526,18 @@ TakeResult(int i, const kafka::Delivery &d, Outcome *outcomes, const char **erro
 		return;
 	}
 	errors[i] = psprintf("%s: %s", kafka::ErrorName(d.err), kafka::ErrorText(d.err));
+	if (d.partition_chosen && kafka::RefusesChosenPartition(d.err)) {
+		// The count its partition was chosen by was stale: pending after a delay (a count looked up again
+		// that still disagrees with the broker cannot make a loop), no attempt used.
+		outcomes[i] = Outcome::Deferred;
+		return;
+	}
 	switch (kafka::Classify(d.err)) {
 	case kafka::ErrorClass::PerEvent:
 	case kafka::ErrorClass::RecordBatch:
 		outcomes[i] = Outcome::Rejected;
 		break;
 	case kafka::ErrorClass::UnknownPartition:
-		if (d.partition_chosen) {
-			break; // the relay's partition count was stale: pending again, counted anew
-		}
 		// Failed at once, not after outbox.max_attempts: partitions exist or not by the topic's
 		// configuration (docs/envelopes.md "Partitions").
 		outcomes[i] = Outcome::Quarantined;

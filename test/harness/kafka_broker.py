@@ -322,20 +322,21 @@ class KafkaBroker:
         self._poll(leaders_ready, deadline, f"leaders for all {partitions} partitions of "
                                             f"topic {name!r}")
 
-    def producer_ids(self, topic):
-        """{partition: set of the producer ids of its record batches}, read from the broker's
-        own log segments (a client never sees them). A segment is a run of record batches of
-        format v2: baseOffset int64, batchLength int32 (the bytes after it), partitionLeaderEpoch
-        int32, magic int8, crc int32, attributes int16, lastOffsetDelta int32, two timestamps
-        int64, producerId int64, ... (Kafka's protocol guide, "Record Batch")."""
+    def record_batches(self, topic):
+        """{partition: [the producer id of each record batch in its log, in log order]}, read
+        from the broker's own log segments (a client sees neither batches nor producer ids). A
+        segment is a run of record batches of format v2: baseOffset int64, batchLength int32 (the
+        bytes after it), partitionLeaderEpoch int32, magic int8, crc int32, attributes int16,
+        lastOffsetDelta int32, two timestamps int64, producerId int64, ... (Kafka's protocol
+        guide, "Record Batch")."""
         self._require_running()
         data_dir = os.path.join(self.tmpdir, "data")
-        ids = {}
+        batches = {}
         for d in os.listdir(data_dir):
             name, _, partition = d.rpartition("-")
             if name != topic:
                 continue
-            found = ids.setdefault(int(partition), set())
+            found = batches.setdefault(int(partition), [])
             for f in sorted(os.listdir(os.path.join(data_dir, d))):
                 if not f.endswith(".log"):
                     continue
@@ -348,9 +349,13 @@ class KafkaBroker:
                         break  # preallocated, unwritten tail
                     if data[at + 16] != 2:
                         raise KafkaBrokerError(f"{d}/{f}: a record batch of format {data[at + 16]}, not 2")
-                    found.add(struct.unpack_from(">q", data, at + 43)[0])
+                    found.append(struct.unpack_from(">q", data, at + 43)[0])
                     at += 12 + length
-        return ids
+        return batches
+
+    def producer_ids(self, topic):
+        """{partition: set of the producer ids of its record batches} (record_batches)."""
+        return {p: set(ids) for p, ids in self.record_batches(topic).items()}
 
     def write_kafka_topics_sh(self, directory):
         """A `kafka-topics.sh` in `directory`, as a Kafka distribution's bin/ has, for tests that
