@@ -231,7 +231,7 @@ DefineSettings() {
 	                        nullptr, nullptr);
 	DefineCustomIntVariable("outbox.kafka_connections", "Kafka producers per relay worker, each with its own "
 	                        "connection to every broker.",
-	                        "Each partition is always sent by the same one, so per-key order holds with any number. "
+	                        "A keyed event's partition is always sent by the same one, so per-key order holds with any number. "
 	                        "More connections send a batch in fewer round trips when a broker leads many partitions.",
 	                        &settings.kafka_connections, 4, 1, kafka::kMaxConnections, PGC_SIGHUP, 0, nullptr,
 	                        nullptr, nullptr);
