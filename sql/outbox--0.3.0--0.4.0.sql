@@ -17,6 +17,13 @@
 
 \echo Use "ALTER EXTENSION outbox UPDATE TO '0.4.0'" to load this file. \quit
 
+-- Nothing enqueues until the update commits, and every enqueue already under way has ended,
+-- before the ids given so far are read (below): an enqueue that held the table from before the
+-- update, or reached it between that read and the first ALTER TABLE, would otherwise draw an id
+-- the new sequence gives a second time, and two rows of one id share one landed row (one of
+-- them recorded as published and never sent). The lock the ALTER TABLEs below take anyway.
+LOCK TABLE outbox.events IN ACCESS EXCLUSIVE MODE;
+
 -- ---------------------------------------------------------------------------------------------
 -- What 0.3.0's table carried that the new objects take over, read before anything changes: the
 -- rights on outbox.events (its own and per column; they go to the view of that name), and the
