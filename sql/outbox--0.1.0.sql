@@ -9,6 +9,11 @@
 CREATE SCHEMA outbox;
 REVOKE ALL ON SCHEMA outbox FROM PUBLIC;
 
+-- A new install, for the rest of this transaction: nothing else can write its queue before it
+-- commits, so the update chain's steps that move committed events (0.3.0 -> 0.4.0) need not ask
+-- for READ COMMITTED (CREATE EXTENSION outbox runs the chain).
+SELECT pg_catalog.set_config('outbox_install.new', 'on', true);
+
 -- The events table. One row per event; `id` is the enqueue order.
 --
 -- State machine (status):

@@ -286,18 +286,63 @@ def test_update_waits_for_enqueues_under_way_and_gives_no_id_twice(mock_cluster,
     draw ids from a plain sequence set above every id given so far; with the ids read before the
     table was locked, the next enqueue after the update got an id already taken, and the relay,
     which records where an event landed by id, recorded one of the two as published unsent.)"""
-    pg = make_relay(mock_cluster.bootstrap, workers=0, create_extension=False)
+    pg = make_relay(mock_cluster.bootstrap, workers=1, create_extension=False)
     pg.sql(f"CREATE EXTENSION outbox VERSION '{old_version}'")
+    enqueued = Enqueued()
     with pg.connect(autocommit=False) as app, pg.connect() as updater:
-        app.execute("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb)")
+        enqueue_one(app, 0, enqueued)
         update = InThread(updater, "ALTER EXTENSION outbox UPDATE")
         wait_until(lambda: waiting_on_lock(pg, updater), 30, "the update waiting for the open enqueue")
-        app.execute("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb)")
+        enqueue_one(app, 1, enqueued)
         app.commit()
         update.join()
     assert extension_version(pg) == NEW_VERSION
-    pg.sql("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb) FROM generate_series(1, 3)")
-    assert pg.sql("SELECT count(*), count(DISTINCT id) FROM outbox.events") == [(5, 5)]
+    with pg.connect() as app:
+        for seq in range(2, 8):
+            enqueue_one(app, seq, enqueued)
+    assert pg.sql("SELECT count(*), count(DISTINCT id) FROM outbox.events") == [(8, 8)]
+    pg.wait_published(8)
+    assert_in_kafka_once_in_order_where_recorded(mock_cluster, pg, enqueued)
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+def test_update_to_the_ring_is_refused_above_read_committed(make_relay, mock_cluster, level):
+    """At REPEATABLE READ or SERIALIZABLE the update's statements share one snapshot, taken before
+    it waits for the table: the events it moves into the ring's tables would miss one committed
+    meanwhile (left below ring_start, never sent). Refused, nothing changed; at READ COMMITTED it
+    goes through and the event is published. A new install at those levels is not refused."""
+    pg = make_relay(mock_cluster.bootstrap, workers=1, create_extension=False)
+    pg.sql("CREATE EXTENSION outbox VERSION '0.3.0'")
+    enqueued = Enqueued()
+    with pg.connect(autocommit=False) as app, pg.connect(autocommit=False) as updater:
+        enqueue_one(app, 0, enqueued)
+        update = InThread(updater, f"SET TRANSACTION ISOLATION LEVEL {level}", "ALTER EXTENSION outbox UPDATE",
+                          "COMMIT")
+        # Refused at once, or (were it let through) waiting for the open enqueue's table lock.
+        wait_until(lambda: not update.thread.is_alive() or waiting_on_lock(pg, updater), 30,
+                   "the update refused or waiting")
+        app.commit()
+        update.thread.join(60)
+        assert not update.thread.is_alive(), "the update still runs"
+        updater.rollback()
+    refused = update.error
+    assert refused is not None, f"the update ran at {level.upper()}"
+    assert refused.sqlstate == "0A000", refused
+    assert f"must run at READ COMMITTED, not {level.upper()}" in str(refused)
+    assert "BEGIN ISOLATION LEVEL READ COMMITTED" in refused.diag.message_hint
+    assert extension_version(pg) == "0.3.0"
+    assert pg.value("SELECT to_regclass('outbox.landed')") is None
+    assert pg.value("SELECT count(*) FROM outbox.events") == 1
+    pg.sql("ALTER EXTENSION outbox UPDATE")
+    assert extension_version(pg) == NEW_VERSION
+    pg.wait_published(1)
+    assert_in_kafka_once_in_order_where_recorded(mock_cluster, pg, enqueued)
+    pg.sql("CREATE DATABASE fresh", dbname="postgres")
+    with pg.connect(dbname="fresh", autocommit=False) as c:
+        c.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+        c.execute("CREATE EXTENSION outbox")
+        c.commit()
+    assert extension_version(pg, "fresh") == NEW_VERSION
 
 
 # --- the updated schema is a fresh install's -----------------------------------------------------
