@@ -11,7 +11,7 @@ import time
 
 import psycopg
 
-from harness import crash_watch
+from harness import crash_watch, initdb_template
 from harness.wait import wait_until
 
 
@@ -65,8 +65,13 @@ class PgCluster:
     # -- lifecycle ---------------------------------------------------------------------------
     def init(self):
         if not os.path.exists(os.path.join(self.datadir, "PG_VERSION")):
-            subprocess.run([self.program("initdb"), "-D", self.datadir, "-A", "trust", "-U", "postgres", "--no-sync"],
-                           check=True, stdout=subprocess.DEVNULL)
+            # A copy of one initdb per server build, with a system identifier of its own
+            # (harness/initdb_template.py); OUTBOX_TEST_INITDB=1 runs initdb for each cluster.
+            if os.environ.get("OUTBOX_TEST_INITDB") == "1":
+                subprocess.run([self.program("initdb"), "-D", self.datadir, "-A", "trust", "-U", "postgres",
+                                "--no-sync"], check=True, stdout=subprocess.DEVNULL)
+            else:
+                initdb_template.fresh_data_directory(self.program("initdb"), self.datadir)
         self.write_conf()
         return self
 
