@@ -486,11 +486,13 @@ class Bench:
         partitions, dataset, _ = BURST_SHAPES.get(name, (common.PARTITIONS, "ds_burst", s["burst_drain_keys"]))
         out = []
         cells = []
+        # The other shapes of burst_4topic may run fewer systems (--shape-systems).
+        chosen = (self.args.shape_systems if name != "burst_4topic" else None) or self.args.burst_systems
         for r in range(self.runs):
             for rt in s["burst_drain_rtts_ms"]:
                 for w in s["burst_drain_workers"]:
                     for system in BURST_SYSTEMS:
-                        if self.args.burst_systems and system not in self.args.burst_systems.split(","):
+                        if chosen and system not in chosen.split(","):
                             continue
                         if system in FLOOR_SYSTEMS and rt != s["burst_drain_rtts_ms"][0]:
                             continue  # the floors send nothing: RTT is moot
@@ -1212,6 +1214,9 @@ def main():
     ap.add_argument("--burst-rtts", default=None, help="burst workloads: RTTs in ms, e.g. 5,20 (default 0,5,20)")
     ap.add_argument("--burst-workers", default=None, help="burst workloads: worker counts, e.g. 1,2 (default 1,2,4)")
     ap.add_argument("--burst-systems", default=None, help="burst workloads: relays and floors, e.g. outbox,tuned")
+    ap.add_argument("--shape-systems", default=None,
+                    help="burst_1topic, burst_4topic_3x6 and burst_4topic_1broker: relays and floors "
+                         "(default: --burst-systems')")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.exit(Bench(args).run())
