@@ -115,6 +115,23 @@ def wait_for_update_notice(pg, workers, old_version):
                              f"{NEW_VERSION!r} in last_error; outbox.workers: {seen}") from None
 
 
+def update_while_the_application_enqueues(pg, app, update_takes_the_table):
+    """ALTER EXTENSION outbox UPDATE, held open until some enqueue of `app` certainly lands
+    mid-update: one waits for the update's lock on the table (`update_takes_the_table`) or 20
+    commit while it is open; then 30 more enqueues on the new version."""
+    with pg.connect(autocommit=False) as updater:
+        updater.execute("ALTER EXTENSION outbox UPDATE")
+        if update_takes_the_table:
+            wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                                        (app.pid,)) == "Lock", 30, "an enqueue waiting for the update")
+        else:
+            count_at_open = app.count
+            wait_until(lambda: app.count >= count_at_open + 20, 30, "enqueues committing during the update")
+        updater.commit()
+    count_at_update = app.count
+    wait_until(lambda: app.count >= count_at_update + 30, 30, f"the application enqueueing on {NEW_VERSION}")
+
+
 def untouched_by_relay(pg):
     """Nothing claimed, published or charged an attempt since the test wrote the rows."""
     return pg.sql("""SELECT count(*) FILTER (WHERE status NOT IN ('pending', 'failed', 'published')
@@ -169,17 +186,7 @@ def test_update_under_running_relay_publishes_every_event_once_in_order(mock_clu
         # ring's first member behind a view), the update alters the table: an enqueue waits for
         # it (nothing can read or write the table meanwhile: no check in between). From 0.2.0 to
         # 0.3.0 it leaves the table alone: enqueues go on committing while it is open.
-        with pg.connect(autocommit=False) as updater:
-            updater.execute("ALTER EXTENSION outbox UPDATE")
-            if old_version == "0.1.0" or NEW_VERSION != "0.3.0":
-                wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                            (app.pid,)) == "Lock", 30, "an enqueue waiting for the update")
-            else:
-                count_at_open = app.count
-                wait_until(lambda: app.count >= count_at_open + 20, 30, "enqueues committing during the update")
-            updater.commit()
-        count_at_update = app.count
-        wait_until(lambda: app.count >= count_at_update + 30, 30, f"the application enqueueing on {NEW_VERSION}")
+        update_while_the_application_enqueues(pg, app, old_version == "0.1.0" or NEW_VERSION != "0.3.0")
     finally:
         app.finish()
     assert extension_version(pg) == NEW_VERSION
@@ -238,13 +245,7 @@ def test_update_from_0_3_0_under_a_publishing_relay_and_enqueues(mock_cluster, m
     try:
         wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'published'") >= 20, 60,
                    "the relay publishing from 0.3.0's table")
-        with pg.connect(autocommit=False) as updater:
-            updater.execute("ALTER EXTENSION outbox UPDATE")
-            wait_until(lambda: pg.value("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                                        (app.pid,)) == "Lock", 30, "an enqueue waiting for the update")
-            updater.commit()
-        count_at_update = app.count
-        wait_until(lambda: app.count >= count_at_update + 50, 30, f"the application enqueueing on {NEW_VERSION}")
+        update_while_the_application_enqueues(pg, app, True)
     finally:
         app.finish()
     assert extension_version(pg) == NEW_VERSION
