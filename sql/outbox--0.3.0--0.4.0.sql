@@ -21,16 +21,19 @@
 -- snapshots. At REPEATABLE READ or SERIALIZABLE that is one snapshot, taken before the lock
 -- below is granted: an event committed while the update waited for it would be left behind in
 -- member 0, below ring_start, where no relay cursor looks (never sent). Refused there, before
--- anything changes (a new install has no other writer: outbox--0.1.0.sql says so).
+-- anything changes (a new install has no other writer: outbox--0.1.0.sql says so with an internal
+-- setting, outbox_install.new, that nobody else is to set). READ UNCOMMITTED runs as READ
+-- COMMITTED in PostgreSQL: a snapshot per statement.
 DO $$
 BEGIN
-	IF pg_catalog.current_setting('transaction_isolation') <> 'read committed'
+	IF pg_catalog.current_setting('transaction_isolation') IN ('repeatable read', 'serializable')
 	   AND pg_catalog.current_setting('outbox_install.new', true) IS DISTINCT FROM 'on' THEN
 		RAISE EXCEPTION 'ALTER EXTENSION outbox UPDATE to 0.4.0 must run at READ COMMITTED, not %',
 			pg_catalog.upper(pg_catalog.current_setting('transaction_isolation'))
 			USING ERRCODE = 'feature_not_supported',
 			      DETAIL = 'It moves the events committed before it into the new tables, and at this '
-			               'isolation level it would not see those committed while it waited for the table.',
+			               'isolation level it would not see those committed while it waited for its lock '
+			               'on outbox.events.',
 			      HINT = 'Run BEGIN ISOLATION LEVEL READ COMMITTED; ALTER EXTENSION outbox UPDATE; COMMIT; '
 			             '(or SET default_transaction_isolation = ''read committed'' in the session first).';
 	END IF;

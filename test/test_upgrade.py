@@ -306,6 +306,16 @@ def test_update_waits_for_enqueues_under_way_and_gives_no_id_twice(mock_cluster,
     assert_in_kafka_once_in_order_where_recorded(mock_cluster, pg, enqueued)
 
 
+def test_update_to_the_ring_runs_at_read_uncommitted(make_relay, mock_cluster):
+    """READ UNCOMMITTED is READ COMMITTED in PostgreSQL (a snapshot per statement): not refused."""
+    pg = make_relay(mock_cluster.bootstrap, workers=0, create_extension="0.3.0")
+    with pg.connect(autocommit=False) as updater:
+        updater.execute("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+        updater.execute("ALTER EXTENSION outbox UPDATE")
+        updater.commit()
+    assert extension_version(pg) == NEW_VERSION
+
+
 @pytest.mark.parametrize("level", ["repeatable read", "serializable"])
 def test_update_to_the_ring_is_refused_above_read_committed(make_relay, mock_cluster, level):
     """At REPEATABLE READ or SERIALIZABLE the update's statements share one snapshot, taken before
