@@ -57,7 +57,8 @@ def test_bench_quick_smoke(tmp_path):
             assert v["duplicates"] == 0 and v["order_violation_keys"] == 0, (r["system"], v)
     assert {r["system"] for r in workloads["drain"]} >= {"outbox", "batched", "seed", "floor"}
 
-    # The burst workloads: every relay and floor ran, on 4 topics and on 1, loaded without
+    # The burst workloads: every relay and floor ran on burst_4topic, the headline's on the other
+    # shapes (SHAPE_SYSTEMS), on 4 topics and on 1, loaded without
     # ANALYZE, and the outbox relay's delivery was read back from every topic of the run. The
     # 0.4.0 preview's relay (outbox_040, and outbox_040_1conn) ran too, or was skipped with a reason
     # (the installed extension has no 0.4.0 script), and then in no burst workload.

@@ -2,7 +2,7 @@
 broker before the relay builds on it (docs/design/exactly-once.md, "The design to build": the
 batch's Postgres record is prepared, the Kafka transaction commits the batch together with an
 offset of a group of the slot's own, and recovery decides the prepared transaction by that
-offset). With Python's librdkafka client, not the relay:
+offset). With Python's Kafka client (on the system's librdkafka), not the relay:
 
 - a transactional producer commits an offset for a group that has no members (its id the
   producer's transactional.id) on a partition of a topic of its choosing, in the same
@@ -19,7 +19,7 @@ import sys
 import textwrap
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from harness.kafka_broker import KafkaBroker
 from harness.kafka_reader import read_topic
@@ -59,6 +59,7 @@ def batch(kafka, p, transactional_id, seq, commit=True):
     if commit:
         p.commit_transaction(60)
     else:
+        p.flush(60)  # in the log before the abort (an abort purges what was not sent yet)
         p.abort_transaction(60)
 
 
@@ -108,6 +109,34 @@ def test_the_offset_commits_and_aborts_with_the_batch(kafka):
     assert own_values(kafka, tid, "read_uncommitted") == ["batch 1", "batch 2", "batch 2"]
 
 
+def test_an_offset_for_a_partition_that_does_not_exist_is_refused(kafka):
+    """The partition the offset hangs on must exist: the design names one of its own."""
+    tid = "contract-unknown"
+    p = producer(kafka, tid)
+    p.begin_transaction()
+    p.produce(EVENTS, key=tid, value="batch 1")
+    try:
+        with pytest.raises(KafkaException):
+            p.send_offsets_to_transaction([TopicPartition("contract.no-such-topic", 0, 1)],
+                                          group_metadata(kafka, tid), 30)
+            p.commit_transaction(30)
+    finally:
+        p.abort_transaction(30)  # an open transaction would hold the topic's last stable offset
+    assert committed_anywhere(kafka, tid, "contract.no-such-topic") in (None, -1001)
+    assert "batch 1" not in own_values(kafka, tid, "read_committed")
+
+
+def committed_anywhere(kafka, group, topic):
+    c = Consumer({"bootstrap.servers": kafka.bootstrap, "group.id": group, "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        return c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+    except KafkaException:
+        return None
+    finally:
+        c.close()
+
+
 def test_a_producer_that_died_mid_transaction_is_fenced_and_its_offset_never_read(kafka):
     tid = "contract-dying"
     p = producer(kafka, tid)
@@ -118,9 +147,12 @@ def test_a_producer_that_died_mid_transaction_is_fenced_and_its_offset_never_rea
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert dying.stdout.readline().strip() == "open", "the dying producer did not open its transaction"
-        # The transaction holding offset 2 is open: no answer rather than the offset before it.
-        with pytest.raises(KafkaException):
+        # The transaction holding offset 2 is open: no answer rather than the offset before it
+        # (the broker says UNSTABLE_OFFSET_COMMIT, librdkafka asks again until the timeout).
+        with pytest.raises(KafkaException) as unanswered:
             committed(kafka, tid, timeout=5)
+        assert unanswered.value.args[0].code() in (KafkaError._TIMED_OUT, KafkaError.UNSTABLE_OFFSET_COMMIT), \
+            unanswered.value
     finally:
         dying.kill()
         dying.wait(30)

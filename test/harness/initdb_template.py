@@ -6,11 +6,11 @@ A copy would share the template's system identifier, which initdb draws anew for
 and which the extension reads (a restore into another cluster is told apart by it, DESIGN.md
 "Re-base"). So each copy gets a new one, written where PostgreSQL keeps it: pg_control (whose
 CRC-32C is recomputed) and the long header of the first page of every WAL segment (the startup
-process refuses a segment of another system identifier)."""
+process refuses a segment of another system identifier). Little-endian machines only, as the
+suite's."""
 
 import atexit
 import os
-import random
 import shutil
 import struct
 import subprocess
@@ -46,16 +46,19 @@ _XLP_SYSID_OFFSET = 24
 
 
 def _crc_offset(control):
+    # The struct is followed by zeros up to the file's size (PG_CONTROL_FILE_SIZE): the CRC is
+    # the last non-zero run's, and must check out.
     for offset in range(8, min(len(control), 1024) - 4, 4):
-        if crc32c(control[:offset]) == _CRC.unpack_from(control, offset)[0]:
+        if crc32c(control[:offset]) == _CRC.unpack_from(control, offset)[0] and not any(control[offset + 4:]):
             return offset
     raise RuntimeError("pg_control: no CRC-32C found over its first 1024 bytes")
 
 
 def _new_system_identifier():
-    # initdb's shape: seconds in the high 32 bits, then microseconds and pid bits; random here.
+    # initdb's shape: seconds in the high 32 bits, then microseconds and pid bits; random here
+    # (os.urandom: a test may seed the random module).
     now = time.time()
-    return (int(now) << 32) | (int((now % 1) * 1_000_000) << 12) | random.getrandbits(12)
+    return (int(now) << 32) | (int((now % 1) * 1_000_000) << 12) | (int.from_bytes(os.urandom(2), "little") & 0xFFF)
 
 
 def set_system_identifier(datadir, sysid):
