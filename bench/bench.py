@@ -1216,7 +1216,7 @@ def main():
     ap.add_argument("--burst-systems", default=None, help="burst workloads: relays and floors, e.g. outbox,tuned")
     ap.add_argument("--shape-systems", default=None,
                     help="burst_1topic, burst_4topic_3x6 and burst_4topic_1broker: relays and floors "
-                         "(default: --burst-systems')")
+                         "(default: --burst-systems)")
     ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     sys.exit(Bench(args).run())

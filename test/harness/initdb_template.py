@@ -86,6 +86,12 @@ def set_system_identifier(datadir, sysid):
             f.write(_SYSID.pack(sysid))
 
 
+def run_initdb(initdb, datadir):
+    """initdb as the harness makes every cluster: trust, superuser postgres, no fsync."""
+    subprocess.run([initdb, "-D", datadir, "-A", "trust", "-U", "postgres", "--no-sync"], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
 def _template(initdb):
     real = os.path.realpath(shutil.which(initdb) or initdb)
     datadir = _templates.get(real)
@@ -93,8 +99,7 @@ def _template(initdb):
         base = tempfile.mkdtemp(prefix="outbox-pg-template-")
         atexit.register(shutil.rmtree, base, True)
         datadir = os.path.join(base, "data")
-        subprocess.run([real, "-D", datadir, "-A", "trust", "-U", "postgres", "--no-sync"], check=True,
-                       stdout=subprocess.DEVNULL)
+        run_initdb(real, datadir)
         _templates[real] = datadir
     return datadir
 

@@ -68,8 +68,7 @@ class PgCluster:
             # A copy of one initdb per server build, with a system identifier of its own
             # (harness/initdb_template.py); OUTBOX_TEST_INITDB=1 runs initdb for each cluster.
             if os.environ.get("OUTBOX_TEST_INITDB") == "1":
-                subprocess.run([self.program("initdb"), "-D", self.datadir, "-A", "trust", "-U", "postgres",
-                                "--no-sync"], check=True, stdout=subprocess.DEVNULL)
+                initdb_template.run_initdb(self.program("initdb"), self.datadir)
             else:
                 initdb_template.fresh_data_directory(self.program("initdb"), self.datadir)
         self.write_conf()
