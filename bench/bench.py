@@ -56,6 +56,27 @@ BURST_SYSTEMS = ["outbox", "outbox_040", "outbox_040_1conn", "tuned", "batched",
                  "floor_update2"]
 PREVIEW_CONNECTIONS = {"outbox_040": None, "outbox_040_1conn": 1}  # None: the setting's default
 
+
+def pgbench_scripts(stdout, n):
+    """Per script of a pgbench run given n scripts (-f a@1 -f b@1 ...), in their order: the
+    transactions it ran and its average latency (pgbench prints a section per script)."""
+    sections = stdout.split("SQL script ")[1:]
+    if len(sections) != n:
+        raise RuntimeError(f"pgbench printed {len(sections)} script sections, not {n}: {stdout[-2000:]}")
+    scripts = []
+    for section in sections:
+        transactions = latency = None
+        for line in section.splitlines():
+            words = line.replace("-", " ").split()
+            if len(words) > 1 and words[1] == "transactions" and words[0].isdigit():
+                transactions = int(words[0])
+            if line.strip().startswith("- latency average ="):
+                latency = float(line.split("=")[1].split()[0])
+        if not transactions or latency is None:
+            raise RuntimeError(f"pgbench printed no transactions or latency for a script: {section[:500]}")
+        scripts.append({"transactions": transactions, "latency_avg_ms": latency})
+    return scripts
+
 # Sizes. FULL follows the issue except where the time budget of one run (about 50 minutes on a
 # 2-core machine) forces a scale-down; RESULTS.md lists each one and why.
 FULL = {
@@ -774,7 +795,16 @@ class Bench:
     def w_enqueue_overhead(self):
         """pgbench: a business INSERT plus outbox.enqueue() per transaction, against the same
         business INSERT plus a plain INSERT of the same bytes into an ordinary table. The relay is
-        off (workers = 0) so that only the write path is compared."""
+        off (workers = 0) so that only the write path is compared.
+
+        The variants run interleaved: one pgbench run per database and client count with every
+        variant's script at equal weight, each client picking a script at random per transaction,
+        and the overhead is the ratio of the scripts' average latencies in that run. Runs of one
+        variant after another (minutes apart) moved a variant's tps by 20-70 points between runs
+        on a shared machine; interleaved, every variant meets the same spell of noise, the same
+        checkpoint and the same WAL flushes, and the per-run overheads agree within a few points.
+        With N clients a closed loop's throughput is N / latency, so the latency ratio is the
+        tps ratio the variants would have if each ran alone on the same machine state."""
         s = self.sizes
         db = self.db
         self.prepare("floor", 0, s["rtt_ms"])  # relay off
@@ -832,35 +862,32 @@ class Bench:
         if preview_reason:
             self.skip("enqueue_overhead", "outbox_040", preview_reason)
         env = dict(os.environ, PGOPTIONS="-c pg_stat_statements.track=none")
+        groups = [("postgres", ["plain", "outbox", "shape"])]
+        if not preview_reason:
+            groups.append((common.PREVIEW_DB, ["plain_040", "outbox_040", "shape_040"]))
         out = []
         try:
-            variants = ["plain", "outbox", "shape"] + ([] if preview_reason else ["outbox_040", "plain_040", "shape_040"])
             for r in range(self.runs):
                 for clients in s["pgbench_clients"]:
-                    # Each run starts with another variant, so that no variant always runs first
-                    # after the CHECKPOINT or last in a noisy spell.
-                    for variant in variants[r % len(variants):] + variants[:r % len(variants)]:
-                        if variant.endswith("_040"):
+                    # Each run starts with the other database, so that neither always runs first.
+                    for dbname, variants in groups[r % len(groups):] + groups[:r % len(groups)]:
+                        if dbname == common.PREVIEW_DB:
                             self.enqueue_preview_database(tables_sql)
                         else:
                             db.sql("TRUNCATE bench.invoices, bench.plain_events, bench.events_shape, outbox.events")
                         db.sql("CHECKPOINT")
                         cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
                                "-T", str(s["pgbench_seconds"]), "-h", db.pg.tmp, "-p", str(db.pg.port),
-                               "-U", "postgres", "-f", str(files[variant]),
-                               common.PREVIEW_DB if variant.endswith("_040") else "postgres"]
-                        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                               "-U", "postgres"]
+                        for variant in variants:
+                            cmd += ["-f", f"{files[variant]}@1"]
+                        p = subprocess.run(cmd + [dbname], capture_output=True, text=True, env=env)
                         if p.returncode != 0:
                             raise RuntimeError(f"pgbench failed: {p.stderr[-2000:]}")
-                        tps = lat = None
-                        for line in p.stdout.splitlines():
-                            if line.startswith("tps ="):
-                                tps = float(line.split()[2])
-                            if line.startswith("latency average"):
-                                lat = float(line.split()[3])
-                        out.append({"run": r, "clients": clients, "variant": variant, "tps": tps,
-                                    "latency_avg_ms": lat})
-                        log(f"  pgbench {variant} clients={clients} run {r}: {tps:.0f} tps, {lat} ms")
+                        for variant, script in zip(variants, pgbench_scripts(p.stdout, len(variants))):
+                            out.append({"run": r, "clients": clients, "variant": variant, **script})
+                            log(f"  pgbench {variant} clients={clients} run {r}: {script['transactions']} "
+                                f"transactions, latency {script['latency_avg_ms']} ms")
                         self.results["workloads"]["enqueue_overhead"] = {"runs": out}
                         self.save()
         finally:
@@ -868,39 +895,33 @@ class Bench:
             db.sql(f'DROP DATABASE IF EXISTS "{common.PREVIEW_DB}" WITH (FORCE)')
         summary = {}
         for clients in s["pgbench_clients"]:
-            def tps(variant):
-                return median([x["tps"] for x in out if x["clients"] == clients and x["variant"] == variant])
-            plain, ob, shape = tps("plain"), tps("outbox"), tps("shape")
-            summary[str(clients)] = {"plain_tps": plain, "outbox_tps": ob, "shape_tps": shape, "runs": self.runs,
-                                     "overhead_pct": round(100 * (1 - ob / plain), 1),
-                                     "shape_overhead_pct": round(100 * (1 - shape / plain), 1)}
-            log(f"  enqueue overhead, {clients} client(s): {summary[str(clients)]['overhead_pct']}% "
-                f"({ob:.0f} vs {plain:.0f} tps)")
+            def latency(variant, run=None):
+                xs = [x["latency_avg_ms"] for x in out if x["clients"] == clients and x["variant"] == variant
+                      and (run is None or x["run"] == run)]
+                return median(xs) if xs else None
 
-            def per_run(variant, base):
-                """The overhead within each run (the variants of a run are minutes apart, runs
-                further): a noisy spell on a shared machine moves a run's pair together."""
-                out_ = []
-                for r in range(self.runs):
-                    d = {x["variant"]: x["tps"] for x in out if x["clients"] == clients and x["run"] == r}
-                    if d.get(variant) and d.get(base):
-                        out_.append(round(100 * (1 - d[variant] / d[base]), 1))
-                return out_
-            summary[str(clients)]["overhead_pct_per_run"] = per_run("outbox", "plain")
-            if not preview_reason:
-                ob4, plain4, shape4 = tps("outbox_040"), tps("plain_040"), tps("shape_040")
-                # The preview's overhead: against the plain INSERT in its own database (the
-                # target's), and against the one in "postgres" (the 0.3.0 cell's baseline).
-                summary[str(clients)].update({
-                    "outbox_040_tps": ob4, "plain_040_tps": plain4, "shape_040_tps": shape4,
-                    "overhead_040_pct": round(100 * (1 - ob4 / plain4), 1),
-                    "shape_040_overhead_pct": round(100 * (1 - shape4 / plain4), 1),
-                    "overhead_040_pct_per_run": per_run("outbox_040", "plain_040"),
-                    "shape_040_overhead_pct_per_run": per_run("shape_040", "plain_040"),
-                    "overhead_040_vs_plain_pct": round(100 * (1 - ob4 / plain), 1)})
-                log(f"  enqueue overhead, {PREVIEW_LABEL}, {clients} client(s): "
-                    f"{summary[str(clients)]['overhead_040_pct']}% ({ob4:.0f} vs {plain4:.0f} tps in its database; "
-                    f"{summary[str(clients)]['overhead_040_vs_plain_pct']}% vs the plain INSERT in postgres)")
+            def overhead(variant, base):
+                """Per run (both scripts of one pgbench run), and the median of those."""
+                per_run = [round(100 * (latency(variant, r) / latency(base, r) - 1), 1) for r in range(self.runs)
+                           if latency(variant, r) and latency(base, r)]
+                return (median(per_run) if per_run else None), per_run
+
+            row = {"runs": self.runs, "method": "interleaved"}
+            for suffix, (plain, ob, shape) in (("", ("plain", "outbox", "shape")),
+                                                ("_040", ("plain_040", "outbox_040", "shape_040"))):
+                if suffix and preview_reason:
+                    continue
+                o, o_runs = overhead(ob, plain)
+                sh, sh_runs = overhead(shape, plain)
+                row.update({f"plain{suffix}_latency_ms": latency(plain), f"outbox{suffix}_latency_ms": latency(ob),
+                            f"shape{suffix}_latency_ms": latency(shape),
+                            f"overhead{suffix}_pct": o, f"overhead{suffix}_pct_per_run": o_runs,
+                            f"shape{suffix}_overhead_pct": sh, f"shape{suffix}_overhead_pct_per_run": sh_runs})
+            summary[str(clients)] = row
+            log(f"  enqueue overhead, {clients} client(s): 0.3.0 {row['overhead_pct']}% "
+                f"(per run {row['overhead_pct_per_run']})"
+                + ("" if preview_reason else f"; {PREVIEW_LABEL} {row['overhead_040_pct']}% "
+                   f"(per run {row['overhead_040_pct_per_run']})"))
         res = {"runs": out, "summary": summary}
         if preview_reason:
             res["skipped"] = {"outbox_040": preview_reason}

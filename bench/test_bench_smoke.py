@@ -95,7 +95,12 @@ def test_bench_quick_smoke(tmp_path):
     if "outbox_040" in (eo.get("skipped") or {}):
         assert eo["skipped"]["outbox_040"].strip() and "outbox_040" in skipped["enqueue_overhead"], eo["skipped"]
     else:
-        assert all(row["outbox_040_tps"] and row["plain_040_tps"] for row in eo["summary"].values()), eo["summary"]
+        assert all(row["outbox_040_latency_ms"] and row["plain_040_latency_ms"] for row in eo["summary"].values()), eo["summary"]
+    # Interleaved: every pgbench run ran each variant's script, so each run gives each variant's
+    # latency and an overhead within the run.
+    assert all(x["transactions"] > 0 and x["latency_avg_ms"] > 0 for x in eo["runs"]), eo["runs"]
+    for row in eo["summary"].values():
+        assert len(row["overhead_pct_per_run"]) == row["runs"], row
     assert workloads["memory"]["memory"]["samples"] > 0 and workloads["memory"]["runs"]
     # Table health: its duration and rate are the parameters given, every event enqueued was
     # published (the workload waits for it), the sizes are summed over the extension's tables.
