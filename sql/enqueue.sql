@@ -21,9 +21,16 @@ SELECT outbox.enqueue('billing.invoices', 'inv-3', '{"other": true}'::jsonb, NUL
 SELECT count(*), min(convert_from(payload, 'UTF8')) FROM outbox.events
 WHERE event_id = 'a7c0f2a6-0000-4000-8000-000000000001';
 
--- Random ids are RFC 9562 version 4.
-SELECT substr(outbox.enqueue('t', NULL, 'x')::text, 15, 1) AS version,
-       substr(outbox.enqueue('t', NULL, 'x')::text, 20, 1) IN ('8', '9', 'a', 'b') AS variant_ok;
+-- Generated ids are RFC 9562 version 7: the Unix time in milliseconds first (between the clock
+-- read before and after), so that ids made one after another sort in the order made.
+CREATE TEMP TABLE made AS SELECT clock_timestamp() AS before, outbox.enqueue('t', NULL, 'x') AS a,
+                                 outbox.enqueue('t', NULL, 'x') AS b, clock_timestamp() AS after;
+SELECT substr(a::text, 15, 1) AS version, substr(b::text, 15, 1) AS version_b,
+       substr(a::text, 20, 1) IN ('8', '9', 'a', 'b') AS variant_ok, a < b AS in_order_made,
+       ('x' || substr(replace(a::text, '-', ''), 1, 12))::bit(48)::bigint
+         BETWEEN floor(extract(epoch FROM before) * 1000) AND ceil(extract(epoch FROM after) * 1000) AS unix_ms_ok
+FROM made;
+DROP TABLE made;
 
 -- Headers: a JSON object of strings.
 SELECT outbox.enqueue('billing.invoices', 'inv-4', '{}'::jsonb, '{"trace_id": "abc", "source": "billing"}') IS NOT NULL;

@@ -6,6 +6,7 @@
 #include "shared/cloudevents.hpp"
 #include "enqueue/commit_order.hpp"
 #include "enqueue/commit_wake.hpp"
+#include "enqueue/event_id.hpp"
 #include "enqueue/queue_target.hpp"
 #include "enqueue/ring_dedup.hpp"
 #include "shared/guc.hpp"
@@ -16,6 +17,7 @@
 #ifdef __linux__
 #include <sys/random.h>
 #endif
+#include <time.h>
 
 namespace {
 
@@ -181,8 +183,23 @@ RandomBytes(uint8 *buf, size_t len) {
 	return pg_strong_random(buf, len);
 }
 
+// The id of an event the caller named none: time-ordered (RFC 9562 version 7, event_id.hpp), so
+// the member's event-id index grows at its right edge like an identity's; 62 random bits tell
+// apart the ids of one 244 ns tick.
+void
+GeneratedEventId(uint8 out[UUID_LEN]) {
+	struct timespec now;
+	uint8 random[8];
+	if (clock_gettime(CLOCK_REALTIME, &now) != 0 || !RandomBytes(random, sizeof(random))) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate an event id")));
+	}
+	uint64 unix_ms = uint64(now.tv_sec) * 1000 + uint64(now.tv_nsec) / 1000000;
+	uint16 sub_ms = uint16((uint64(now.tv_nsec) % 1000000) * 4096 / 1000000);
+	outbox::UuidV7(unix_ms, sub_ms, random, out);
+}
+
 // Two statements: ON CONFLICT DO NOTHING only where a duplicate can happen, i.e. for an id the
-// caller passed. A generated (random version 4) id cannot collide in practice, and a plain
+// caller passed. A generated id (GeneratedEventId) cannot collide in practice, and a plain
 // INSERT skips the speculative insertion (its conflict pre-check and extra WAL record); should
 // one ever collide, the unique index still refuses it with an error instead of a silent drop.
 // Each in two shapes: with the id and commit-order stamp back (0.2.0), or without (a 0.1.0
@@ -217,10 +234,10 @@ InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
 		char query[1400];
 		snprintf(query, sizeof(query),
 		         "INSERT INTO outbox.%s (event_id, topic, key, lane, payload, headers%s) "
-		         "%s$1, $2, $3, $4, $5, $6%s%s %s%sRETURNING lane%s",
+		         "%s$1, $2, $3, $4, $5, $6%s%s %s%s%s",
 		         outbox::RingMemberName(member), envelope ? ", target_partition, ce_content_type, ce_type, ce_source" : "",
 		         probe[0] ? "SELECT " : "VALUES (", envelope ? ", $7, $8, $9, $10" : "", probe[0] ? "" : ")", probe,
-		         caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "", commit_order ? ", id, order_lsn" : "");
+		         caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "", commit_order ? "RETURNING id, order_lsn" : "");
 		SPIPlanPtr p = SPI_prepare(query, envelope ? 10 : 6, types);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
@@ -481,11 +498,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	bool caller_event_id = !PG_ARGISNULL(4);
 	if (!caller_event_id) {
 		event_id = static_cast<pg_uuid_t *>(palloc(sizeof(pg_uuid_t)));
-		if (!RandomBytes(event_id->data, UUID_LEN)) {
-			ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate a random event id")));
-		}
-		event_id->data[6] = (event_id->data[6] & 0x0f) | 0x40; // version 4
-		event_id->data[8] = (event_id->data[8] & 0x3f) | 0x80; // variant 10xx
+		GeneratedEventId(event_id->data);
 	} else {
 		event_id = PG_GETARG_UUID_P(4);
 	}
@@ -527,7 +540,9 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	}
 	int rc = SPI_execute_plan(InsertPlan(target.member, caller_event_id, commit_order, env.columns), values, nulls,
 	                          false, 0);
-	if (rc != SPI_OK_INSERT_RETURNING) {
+	// RETURNING only where the commit order needs the row's id and stamp: elsewhere SPI_processed
+	// says whether it was inserted, without a projection and a result tuple per call.
+	if (rc != (commit_order ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT)) {
 		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
 	}
 	bool inserted = SPI_processed == 1;
@@ -535,8 +550,8 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	XLogRecPtr order_lsn = InvalidXLogRecPtr;
 	if (inserted && commit_order) {
 		bool isnull;
-		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
-		order_lsn = DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		order_lsn = DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	}
 	SPI_finish();
 

@@ -1,5 +1,6 @@
-// Name-based UUIDs (RFC 9562 version 5, SHA-1) and the encoding of (aggregate, discriminator)
-// pairs used by outbox.event_id(). Called from Postgres code only: UuidV5 may raise an ERROR.
+// Event ids: name-based UUIDs (RFC 9562 version 5, SHA-1) and the encoding of (aggregate,
+// discriminator) pairs used by outbox.event_id(); the time-ordered ids enqueue gives an event the
+// caller named none (version 7). Called from Postgres code only: UuidV5 may raise an ERROR.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +19,14 @@ extern const uint8_t kEventIdNamespace[kUuidBytes];
 // `name_parts` are hashed one after another, as if concatenated.
 void UuidV5(const uint8_t ns[kUuidBytes], const void *const *name_parts, const size_t *part_lengths,
             size_t n_parts, uint8_t out[kUuidBytes]);
+
+// RFC 9562 section 5.7: the Unix time in milliseconds (48 bits, big-endian), version 7, then 12
+// bits of the time within that millisecond (section 6.2, method 3), variant 10 and 62 bits of
+// `random` (its top two bits give way to the variant). Ids made one after another sort in the
+// order made, so each lands at the right edge of the event-id index instead of on a random leaf
+// (a page read, a split and, after a checkpoint, a full-page image per event on a large member).
+// That order is not a contract: a clock stepped back gives smaller ids; commit order is order_lsn.
+void UuidV7(uint64_t unix_ms, uint16_t sub_ms_4096ths, const uint8_t random[8], uint8_t out[kUuidBytes]);
 
 // Writes the netstring prefix "<length>:" of a part of `length` bytes into buf (at least 24
 // bytes) and returns its length. The event-id name is netstring(aggregate) netstring(discriminator)
