@@ -517,7 +517,10 @@ class TopicReader(threading.Thread):
                 if time.monotonic() > self.deadline:
                     break
             # Offsets the mock no longer has: everything below a partition's low watermark that
-            # this reader did not see.
+            # this reader did not see. The reading is over: unassigned first, the consumer stops
+            # fetching (each broker holds an idle Fetch up to fetch.wait.max.ms, 500 ms, and a
+            # watermark query on that connection waited behind it: 20 s for 48 partitions).
+            consumer.unassign()
             seen = {}
             for topic, part, off, _, _ in self.records:
                 seen[topic, part] = seen.get((topic, part), 0) + 1
