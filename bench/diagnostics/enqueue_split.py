@@ -1,19 +1,23 @@
-"""Where the 0.4.0 preview's per-transaction enqueue cost goes: pgbench, the bench's business
-INSERT plus one statement per transaction (enqueue_overhead's shape), on a throwaway cluster with
-the bench's settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
+"""Where enqueue's per-transaction cost goes (0.4.0): pgbench, the bench's business INSERT plus
+one statement per transaction (enqueue_overhead's shape), on a throwaway cluster with the bench's
+settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
 
     plain      the same bytes into an ordinary table (the baseline)
-    member     an INSERT straight into the current ring member (stamp trigger with the row rules, 2 indexes)
+    member     an INSERT straight into the current ring member (stamp trigger with the row rules,
+               2 indexes; its id from gen_random_uuid())
     lookup     that INSERT plus outbox.current_ring_member() in the same statement (the ring
                look-up: what enqueue does before its INSERT, nothing else)
     nokey      outbox.enqueue() without a key (no commit-order work)
     key        outbox.enqueue() with a key (the commit-order pre-commit too)
+    nosd       the same C function as key, created without SECURITY DEFINER and SET search_path
+               (what the pinned search_path and the owner's rights cost per call; run as superuser)
     id         keyed, with a caller event id (the dedup probes of the other members)
 
-CLIENTS clients (default "1,4"), SECONDS per run (default 6), RUNS runs (default 3), the variants'
-order rotated per run; medians, and each variant's tps against plain's in the same run. SYNC=off
-(synchronous_commit): no wait for the WAL flush, whose time on a shared disk is noise far larger
-than the few tens of us being split; the work measured is the same.
+Interleaved, as the bench's enqueue_overhead: per client count and run, one pgbench run with
+plain's script and every variant's at equal weight, each variant's overhead the ratio of its
+average latency to plain's in that run; CLIENTS clients (default "1,4"), SECONDS per run
+(default 10), RUNS runs (default 3), medians. SYNC=off (synchronous_commit) leaves out the WAL
+flush's wait.
 
     PATH=/usr/lib/postgresql/15/bin:$PATH python3 bench/diagnostics/enqueue_split.py
 """
@@ -25,10 +29,13 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))  # the test harness's PgCluster
-from harness.pg_cluster import PgCluster
+from harness.pg_cluster import PgCluster  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: pgbench_scripts
+from bench import pgbench_scripts  # noqa: E402
 
 CLIENTS = [int(c) for c in os.environ.get("CLIENTS", "1,4").split(",")]
-SECONDS = int(os.environ.get("SECONDS", "6"))
+SECONDS = int(os.environ.get("SECONDS", "10"))
 RUNS = int(os.environ.get("RUNS", "3"))
 ONLY = os.environ.get("ONLY")
 
@@ -44,6 +51,7 @@ STATEMENT = {
     "lookup": MEMBER + " WHERE outbox.current_ring_member() >= 0;",
     "nokey": f"SELECT outbox.enqueue('billing', NULL, ({PAYLOAD})::jsonb);",
     "key": f"SELECT outbox.enqueue('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb);",
+    "nosd": f"SELECT bench.enqueue_nosd('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb);",
     "id": f"SELECT outbox.enqueue('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb, NULL, gen_random_uuid());",
 }
 BUSINESS = "INSERT INTO bench.invoices (subscription_id, amount_cents, status) VALUES (:sub, :amount, 'paid');"
@@ -63,33 +71,35 @@ try:
            "topic text NOT NULL, key text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
     assert pg.value("SELECT outbox.current_ring_member()") == 0
     pg.sql("VACUUM")
-    names = [n for n in STATEMENT if not ONLY or n == "plain" or n in ONLY.split(",")]
+    pg.sql("CREATE FUNCTION bench.enqueue_nosd(topic text, key text, payload jsonb, headers jsonb DEFAULT NULL, "
+           "event_id uuid DEFAULT NULL) RETURNS uuid AS 'outbox', 'outbox_enqueue_jsonb' LANGUAGE C VOLATILE")
+    names = [n for n in STATEMENT if n != "plain" and (not ONLY or n in ONLY.split(","))]
     files = {}
-    for name in names:
+    for name in ["plain"] + names:
         files[name] = tmp / f"{name}.sql"
         files[name].write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
                                f"BEGIN;\n{BUSINESS}\n{STATEMENT[name]}\nEND;\n")
-    tps = {}
+    latency = {}
     for run in range(RUNS):
         for clients in CLIENTS:
-            for name in names[run % len(names):] + names[:run % len(names)]:
-                pg.sql("CHECKPOINT")
-                p = subprocess.run(["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
-                                    "-T", str(SECONDS), "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres",
-                                    "-f", str(files[name]), "postgres"], capture_output=True, text=True)
-                if p.returncode != 0:
-                    raise RuntimeError(p.stderr[-2000:])
-                t = next(float(line.split()[2]) for line in p.stdout.splitlines() if line.startswith("tps ="))
-                tps[(clients, name, run)] = t
+            pg.sql("CHECKPOINT")
+            cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
+                   "-T", str(SECONDS), "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres"]
+            for name in ["plain"] + names:
+                cmd += ["-f", f"{files[name]}@1"]
+            p = subprocess.run(cmd + ["postgres"], capture_output=True, text=True)
+            if p.returncode != 0:
+                raise RuntimeError(p.stderr[-2000:])
+            for name, script in zip(["plain"] + names, pgbench_scripts(p.stdout, 1 + len(names))):
+                latency[(clients, name, run)] = script["latency_avg_ms"]
     for clients in CLIENTS:
-        print(f"{clients} client(s), {SECONDS} s runs, medians of {RUNS}:")
-        base = statistics.median(tps[(clients, "plain", r)] for r in range(RUNS))
-        for name in names:
-            med = statistics.median(tps[(clients, name, r)] for r in range(RUNS))
-            per_run = [100 * (1 - tps[(clients, name, r)] / tps[(clients, "plain", r)]) for r in range(RUNS)]
-            us = 1e6 * clients * (1 / med - 1 / base)
-            print(f"  {name:7s} {med:7.0f} tps  overhead {100 * (1 - med / base):5.1f}% "
-                  f"(per run: {', '.join(f'{x:.1f}' for x in per_run)}; median {statistics.median(per_run):.1f}%)"
-                  f"  {us:+6.0f} us/tx")
+        print(f"{clients} client(s), {SECONDS} s runs, interleaved, medians of {RUNS}:")
+        for name in ["plain"] + names:
+            med = statistics.median(latency[(clients, name, r)] for r in range(RUNS))
+            per_run = [100 * (latency[(clients, name, r)] / latency[(clients, "plain", r)] - 1) for r in range(RUNS)]
+            us = 1000 * statistics.median(latency[(clients, name, r)] - latency[(clients, "plain", r)]
+                                          for r in range(RUNS))
+            print(f"  {name:7s} {med:6.3f} ms  overhead {statistics.median(per_run):5.1f}% "
+                  f"(per run: {', '.join(f'{x:.1f}' for x in per_run)})  {us:+6.0f} us/tx")
 finally:
     pg.cleanup()
