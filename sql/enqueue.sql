@@ -31,6 +31,14 @@ SELECT substr(a::text, 15, 1) AS version, substr(b::text, 15, 1) AS version_b,
          BETWEEN floor(extract(epoch FROM before) * 1000) AND ceil(extract(epoch FROM after) * 1000) AS unix_ms_ok
 FROM made;
 DROP TABLE made;
+-- Unkeyed events take their lane from their id: time-ordered ids still spread over every lane
+-- (20,000 events over 1,024 lanes: about 20 each; an empty or a crowded lane means the hash sees
+-- only the time bits).
+CREATE TEMP TABLE spread AS
+SELECT outbox.lane_of(NULL, outbox.enqueue('t.spread', NULL, 'x')) AS lane FROM generate_series(1, 20000);
+SELECT count(DISTINCT lane) AS lanes, max(n) < 60 AS none_crowded
+FROM (SELECT lane, count(*) AS n FROM spread GROUP BY lane) l;
+DROP TABLE spread;
 
 -- Headers: a JSON object of strings.
 SELECT outbox.enqueue('billing.invoices', 'inv-4', '{}'::jsonb, '{"trace_id": "abc", "source": "billing"}') IS NOT NULL;
