@@ -803,8 +803,9 @@ class Bench:
         variant after another (minutes apart) moved a variant's tps by 20-70 points between runs
         on a shared machine; interleaved, every variant meets the same spell of noise, the same
         checkpoint and the same WAL flushes, and the per-run overheads agree within a few points.
-        With N clients a closed loop's throughput is N / latency, so the latency ratio is the
-        tps ratio the variants would have if each ran alone on the same machine state."""
+        What it cannot show: a variant's cost that depends on the other transactions being of its
+        own kind (the commit-order work of keyed enqueues meeting each other); the rows written by
+        hand (shape, shape_040) take enqueue's time-ordered ids (common.UUID_V7_SQL)."""
         s = self.sizes
         db = self.db
         self.prepare("floor", 0, s["rtt_ms"])  # relay off
@@ -829,7 +830,7 @@ class Bench:
             "plain": f"INSERT INTO bench.plain_events (topic, key, payload) VALUES "
                      f"('billing', 'sub-' || :sub, ({payload})::jsonb);",
             "shape": f"INSERT INTO bench.events_shape (event_id, topic, key, lane, payload) VALUES "
-                     f"(gen_random_uuid(), 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), convert_to((({payload})::jsonb)::text, 'UTF8'));",
+                     f"({common.UUID_V7_SQL}, 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), convert_to((({payload})::jsonb)::text, 'UTF8'));",
         }
         tmp = Path(tempfile.mkdtemp(prefix="outbox-pgbench-"))
         files = {}
@@ -848,7 +849,7 @@ class Bench:
         # (outbox.events_0 in a new database: its stamp trigger with the row rules, and two indexes), to tell
         # the cost of the member from the cost of the function.
         scripts["shape_040"] = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) VALUES "
-                                f"(gen_random_uuid(), 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
+                                f"({common.UUID_V7_SQL}, 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
                                 f"convert_to((({payload})::jsonb)::text, 'UTF8'));")
         files["shape_040"] = tmp / "shape_040.sql"
         files["shape_040"].write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"

@@ -206,6 +206,14 @@ class Postgres:
 # cells. A cell that cannot run on it is skipped with the reason printed and recorded, never faked.
 # --------------------------------------------------------------------------------------------
 
+# An event id as enqueue generates it (RFC 9562 version 7, src/enqueue/event_id.cpp), in SQL: the
+# Unix milliseconds of the clock, then random bits with the version and variant set. Used where
+# the bench or a diagnostic INSERTs a row of enqueue's shape by hand, so that the row lands in
+# the event-id index where enqueue's would (a random version 4 id lands on a random leaf).
+UUID_V7_SQL = ("encode(set_byte(set_byte(overlay(uuid_send(gen_random_uuid()) PLACING "
+               "substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) "
+               "FROM 1 FOR 6), 6, 112 + floor(random() * 16)::int), 8, 128 + floor(random() * 64)::int), 'hex')::uuid")
+
 PREVIEW = "0.4.0"
 PREVIEW_DB = "bench_preview"
 # The 0.4.0 tables of the contract (the counts sum over every table of schema outbox anyway).

@@ -328,6 +328,13 @@ def _pct(value):
     return f"{value:.1f}%" if value is not None else "-"
 
 
+def enqueue_heading(s):
+    """The table's heading: how its saved run measured (interleaved since 2026-12-07, tps before)."""
+    if any(r.get("method") == "interleaved" for r in s["enqueue_overhead"].values()):
+        return "Enqueue overhead (pgbench, interleaved scripts: latency per transaction, median of runs)"
+    return "Enqueue overhead (pgbench tps, variants run one after another, median of runs)"
+
+
 def enqueue_rows(s):
     return [[c, _enqueue_cell(r, "plain", ""), _enqueue_cell(r, "outbox", ""), _pct(r.get("overhead_pct")),
              _enqueue_cell(r, "shape", ""), _pct(r.get("shape_overhead_pct")),
@@ -417,7 +424,7 @@ def print_tables(results):
             print(line)
     if s.get("enqueue_overhead"):
         print()
-        print("== Enqueue overhead (pgbench, interleaved scripts: latency per transaction, median of runs)")
+        print(f"== {enqueue_heading(s)}")
         print(table(ENQUEUE_HEADERS, enqueue_rows(s)))
     if s.get("memory"):
         m = s["memory"]
@@ -500,7 +507,7 @@ def markdown(results):
         parts.append("### What an event costs the primary (WAL, index writes, dead tuples; median)\n\n" +
                      _md(WAL_HEADERS, wal_rows(s)) + "".join(f"\n\n{line}" for line in wal_skipped(s)))
     if s.get("enqueue_overhead"):
-        parts.append("### Enqueue overhead (pgbench, interleaved scripts: latency per transaction, median)\n\n" + _md(ENQUEUE_HEADERS, enqueue_rows(s)))
+        parts.append(f"### {enqueue_heading(s)}\n\n" + _md(ENQUEUE_HEADERS, enqueue_rows(s)))
     if skipped_lines(s):
         parts.append("### Skipped cells\n\n" + "\n".join(f"- {line}" for line in skipped_lines(s)))
     if results.get("targets"):

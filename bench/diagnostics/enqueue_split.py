@@ -4,7 +4,7 @@ settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
 
     plain      the same bytes into an ordinary table (the baseline)
     member     an INSERT straight into the current ring member (stamp trigger with the row rules,
-               2 indexes; its id from gen_random_uuid())
+               2 indexes; its id time-ordered as enqueue's, common.UUID_V7_SQL)
     lookup     that INSERT plus outbox.current_ring_member() in the same statement (the ring
                look-up: what enqueue does before its INSERT, nothing else)
     nokey      outbox.enqueue() without a key (no commit-order work)
@@ -14,10 +14,10 @@ settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
     id         keyed, with a caller event id (the dedup probes of the other members)
 
 Interleaved, as the bench's enqueue_overhead: per client count, run and variant, one pgbench run
-with plain's script and the variant's at equal weight, the overhead the ratio of their average
-latencies in that run; CLIENTS clients (default "1,4"), SECONDS per run
-(default 10), RUNS runs (default 3), medians. SYNC=off (synchronous_commit) leaves out the WAL
-flush's wait.
+with plain's script and the variant's (weight WEIGHT, default 1, against plain's 1), the overhead
+the ratio of their average latencies in that run; CLIENTS clients (default "1,4"), SECONDS per
+run (default 10), RUNS runs (default 3), medians. SYNC=off (synchronous_commit) leaves out the
+WAL flush's wait.
 
     PATH=/usr/lib/postgresql/15/bin:$PATH python3 bench/diagnostics/enqueue_split.py
 """
@@ -33,16 +33,20 @@ from harness.pg_cluster import PgCluster  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: pgbench_scripts
 from bench import pgbench_scripts  # noqa: E402
+from common import UUID_V7_SQL  # noqa: E402
 
 CLIENTS = [int(c) for c in os.environ.get("CLIENTS", "1,4").split(",")]
 SECONDS = int(os.environ.get("SECONDS", "10"))
 RUNS = int(os.environ.get("RUNS", "3"))
 ONLY = os.environ.get("ONLY")
+# The variant's weight against plain's 1 in each run: a control of the interleaving (a variant's
+# overhead should not move with its share of the transactions).
+WEIGHT = int(os.environ.get("WEIGHT", "1"))
 
 PAYLOAD = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\", "
            "\"subscription_id\": \"sub-' || :sub || '\", \"amount_cents\": ' || :amount || ', "
            "\"currency\": \"EUR\", \"period\": \"2026-11\"}'")
-MEMBER = ("INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) SELECT gen_random_uuid(), 'billing', "
+MEMBER = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) SELECT {UUID_V7_SQL}, 'billing', "
           f"'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), convert_to((({PAYLOAD})::jsonb)::text, 'UTF8')")
 STATEMENT = {
     "plain": ("INSERT INTO bench.plain_events (topic, key, payload) VALUES "
@@ -88,7 +92,7 @@ try:
                 pg.sql("CHECKPOINT")
                 cmd = ["pgbench", "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2)),
                        "-T", str(SECONDS), "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres",
-                       "-f", f"{files['plain']}@1", "-f", f"{files[name]}@1", "postgres"]
+                       "-f", f"{files['plain']}@1", "-f", f"{files[name]}@{WEIGHT}", "postgres"]
                 p = subprocess.run(cmd, capture_output=True, text=True)
                 if p.returncode != 0:
                     raise RuntimeError(p.stderr[-2000:])

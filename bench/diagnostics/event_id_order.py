@@ -24,17 +24,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "test"))  # the test harness's PgCluster
 from harness.pg_cluster import PgCluster  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the id as enqueue makes it
+from common import UUID_V7_SQL  # noqa: E402
+
 ROWS = int(os.environ.get("ROWS", "1000000"))
 EVENTS = int(os.environ.get("EVENTS", "10000"))
 RUNS = int(os.environ.get("RUNS", "1"))
 
-# Version 7 in SQL (the layout of src/enqueue/event_id.cpp: Unix milliseconds, version, then
-# random bits; the variant nibble 8): the same index order as enqueue's ids.
-IDS = {
-    "random (v4)": "gen_random_uuid()",
-    "time-ordered (v7)": ("(lpad(to_hex((extract(epoch FROM clock_timestamp()) * 1000)::bigint), 12, '0') || '7' "
-                          "|| substr(md5(random()::text), 1, 3) || '8' || substr(md5(random()::text), 1, 15))::uuid"),
-}
+IDS = {"random (v4)": "gen_random_uuid()", "time-ordered (v7)": UUID_V7_SQL}
 PAYLOAD = "convert_to('{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || {n} || '\", \"amount_cents\": 4200}', 'UTF8')"
 
 

@@ -184,18 +184,20 @@ RandomBytes(uint8 *buf, size_t len) {
 }
 
 // The id of an event the caller named none: time-ordered (RFC 9562 version 7, event_id.hpp), so
-// the member's event-id index grows at its right edge like an identity's; 62 random bits tell
-// apart the ids of one 244 ns tick.
+// the member's event-id index grows at its right edge like an identity's; 74 random bits tell
+// apart the ids of one millisecond.
 void
 GeneratedEventId(uint8 out[UUID_LEN]) {
 	struct timespec now;
-	uint8 random[8];
-	if (clock_gettime(CLOCK_REALTIME, &now) != 0 || !RandomBytes(random, sizeof(random))) {
-		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate an event id")));
+	if (clock_gettime(CLOCK_REALTIME, &now) != 0) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not read the clock for an event id: %m")));
+	}
+	uint8 random[10];
+	if (!RandomBytes(random, sizeof(random))) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate a random event id")));
 	}
 	uint64 unix_ms = uint64(now.tv_sec) * 1000 + uint64(now.tv_nsec) / 1000000;
-	uint16 sub_ms = uint16((uint64(now.tv_nsec) % 1000000) * 4096 / 1000000);
-	outbox::UuidV7(unix_ms, sub_ms, random, out);
+	outbox::UuidV7(unix_ms, random, out);
 }
 
 // Two statements: ON CONFLICT DO NOTHING only where a duplicate can happen, i.e. for an id the

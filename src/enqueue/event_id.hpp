@@ -20,13 +20,15 @@ extern const uint8_t kEventIdNamespace[kUuidBytes];
 void UuidV5(const uint8_t ns[kUuidBytes], const void *const *name_parts, const size_t *part_lengths,
             size_t n_parts, uint8_t out[kUuidBytes]);
 
-// RFC 9562 section 5.7: the Unix time in milliseconds (48 bits, big-endian), version 7, then 12
-// bits of the time within that millisecond (section 6.2, method 3), variant 10 and 62 bits of
-// `random` (its top two bits give way to the variant). Ids made one after another sort in the
-// order made, so each lands at the right edge of the event-id index instead of on a random leaf
-// (a page read, a split and, after a checkpoint, a full-page image per event on a large member).
-// That order is not a contract: a clock stepped back gives smaller ids; commit order is order_lsn.
-void UuidV7(uint64_t unix_ms, uint16_t sub_ms_4096ths, const uint8_t random[8], uint8_t out[kUuidBytes]);
+// RFC 9562 section 5.7: the Unix time in milliseconds (48 bits, big-endian), version 7, variant
+// 10 and 74 bits of `random` (its bytes 0-9; the version and variant bits give way). Ids made in
+// later milliseconds sort after earlier ones, so each lands at the right edge of the event-id
+// index, as an identity's would, instead of on a random leaf (a page read, a split and, after a
+// checkpoint, a full-page image per event on a large member). No finer time than the millisecond
+// (a consumer reads the id: the sub-millisecond gap between two enqueues is the application's).
+// That order is not a contract: within a millisecond it is random, and a clock stepped back
+// gives smaller ids; commit order is order_lsn.
+void UuidV7(uint64_t unix_ms, const uint8_t random[10], uint8_t out[kUuidBytes]);
 
 // Writes the netstring prefix "<length>:" of a part of `length` bytes into buf (at least 24
 // bytes) and returns its length. The event-id name is netstring(aggregate) netstring(discriminator)
