@@ -323,19 +323,33 @@ def enqueue_good(c, n, tag):
     return ids
 
 
-def wait_settled(pg, ids, what, pids, timeout=30):
+def worker_pids(c):
+    """pg.worker_pids() over a connection the caller keeps."""
+    return [r[0] for r in c.execute("SELECT pid FROM outbox.workers ORDER BY worker").fetchall()]
+
+
+def wait_settled(pg, ids, what, pids, timeout=30, c=None):
     """Every row of `ids` published, or failed with a reason. Ends at once if a relay worker was
-    restarted meanwhile (a crash: the postmaster restarts every process)."""
+    restarted meanwhile (a crash: the postmaster restarts every process). c: a connection to poll
+    over (a new one per poll costs more than the rest of a generated example), else new ones."""
+    def settled(c):
+        n = c.execute("SELECT count(*) FROM outbox.events WHERE id = ANY(%s) AND (status = 'published' OR "
+                      "(status = 'failed' AND last_error IS NOT NULL))", (list(ids),)).fetchone()[0]
+        return "settled" if n == len(ids) else None
+
     def settled_or_restarted():
+        if c is not None:
+            try:
+                return "restarted" if worker_pids(c) != pids else settled(c)
+            except psycopg.OperationalError:  # the server restarted: the kept connection is gone
+                return "restarted"
         try:
             if pg.worker_pids() != pids:
                 return "restarted"
         except psycopg.OperationalError:  # in crash recovery
             return "restarted"
-        with connect(pg) as c:
-            n = c.execute("SELECT count(*) FROM outbox.events WHERE id = ANY(%s) AND (status = 'published' OR "
-                          "(status = 'failed' AND last_error IS NOT NULL))", (list(ids),)).fetchone()[0]
-            return "settled" if n == len(ids) else None
+        with connect(pg) as c_:
+            return settled(c_)
     try:
         outcome = wait_until(settled_or_restarted, timeout, what)
     except AssertionError:
@@ -456,8 +470,8 @@ def run_direct_rows_property(pg, mock_cluster, extra_check=None):
 
     def check_rows(rows):
         pg.wait_workers_running(2)  # after a crash in an earlier example, the restarted relay
-        pids = pg.worker_pids()
-        with connect(pg) as c:
+        with connect(pg) as c:  # the example's one connection
+            pids = worker_pids(c)
             # A replay of this example (Hypothesis shrinking) must not meet its own earlier rows.
             ids = [r["event_id"] for r in rows if re.fullmatch(r"[0-9a-f-]{36}", r.get("event_id") or "")]
             c.execute("DELETE FROM outbox.events WHERE event_id = ANY(%s::uuid[])", (ids,))
@@ -484,16 +498,14 @@ def run_direct_rows_property(pg, mock_cluster, extra_check=None):
                 "SELECT id, status, next_attempt_at <= now(), md5(e::text), EXISTS (SELECT 1 FROM outbox.events b "
                 "WHERE b.key = e.key AND b.id < e.id AND b.status = 'pending' AND b.next_attempt_at > now()) "
                 "FROM outbox.events e WHERE id = ANY(%s) ORDER BY id", (accepted,)).fetchall()
-        # Rows written as published or failed are not the relay's: only the rest must be in Kafka.
-        all_accepted.extend(r[0] for r in info if r[1] not in ("published", "failed"))
-        due = [r[0] for r in info if r[1] == "pending" and r[2] and not r[4]]
-        written_final = {r[0]: r[3] for r in info if r[1] in ("published", "failed")}
-        good_ids = [g for g in good[-5:]]
-        with connect(pg) as c:
+            # Rows written as published or failed are not the relay's: only the rest must be in Kafka.
+            all_accepted.extend(r[0] for r in info if r[1] not in ("published", "failed"))
+            due = [r[0] for r in info if r[1] == "pending" and r[2] and not r[4]]
+            written_final = {r[0]: r[3] for r in info if r[1] in ("published", "failed")}
+            good_ids = [g for g in good[-5:]]
             good_rows = [r[0] for r in c.execute("SELECT id FROM outbox.events WHERE event_id::text = ANY(%s)",
                                                  (good_ids,)).fetchall()]
-        wait_settled(pg, due + good_rows, "every due accepted row and the good events settled", pids)
-        with connect(pg) as c:
+            wait_settled(pg, due + good_rows, "every due accepted row and the good events settled", pids, c=c)
             now_states = row_states(c, list(written_final))
         for row_id, digest in written_final.items():
             assert now_states[row_id][2] == digest, f"the relay changed row {row_id}, written as {now_states[row_id][0]}"
