@@ -468,7 +468,12 @@ class TopicReader(threading.Thread):
     silently drops older data, so a run that sends more than that per partition must be read
     while it runs: start() the reader before the load, finish(expected) after the drain. Small
     runs are read afterwards with read_all(). Either way the low watermarks are checked, so that
-    data the mock dropped is reported as such, never as lost."""
+    data the mock dropped is reported as such, never as lost.
+
+    The reading ends once it holds the records expected and every partition was read to its end
+    (its high watermark, asked when a poll found nothing new): every record sent until then, a
+    late duplicate included, is read. A partition whose end cannot be reached ends the reading
+    after `settle` seconds without a new record."""
 
     def __init__(self, bootstrap, topic, settle=1.0):
         super().__init__(daemon=True)
@@ -496,8 +501,12 @@ class TopicReader(threading.Thread):
             # Each topic's own partition count, from the cluster (workloads differ).
             meta = consumer.list_topics(timeout=10).topics
             partitions = {t: sorted(meta[t].partitions) if t in meta else list(range(PARTITIONS)) for t in self.topics}
-            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in self.topics for p in partitions[t]])
-            quiet_since = None
+            every = [(t, p) for t in self.topics for p in partitions[t]]
+            consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t, p in every])
+            read_to = {}  # (topic, partition) -> the offset after the last record read
+            watermarks = None  # (topic, partition) -> (low, high), asked when the reading is over
+            stalled_since = None
+            read_at_check = None
             while True:
                 msgs = consumer.consume(50000, timeout=0.2)
                 got = 0
@@ -512,31 +521,39 @@ class TopicReader(threading.Thread):
                             eid = v.decode()
                     self.records.append((m.topic(), m.partition(), m.offset(),
                                          m.key().decode() if m.key() is not None else None, eid))
+                    read_to[m.topic(), m.partition()] = m.offset() + 1
                     got += 1
                 if self.expected is None:
                     continue  # still tailing a run in progress
-                if got:
-                    quiet_since = None
-                elif len(self.records) >= self.expected:
-                    if quiet_since is None:
-                        quiet_since = time.monotonic()
-                    elif time.monotonic() - quiet_since >= self.settle:
-                        break
                 if time.monotonic() > self.deadline:
                     break
+                if got or len(self.records) < self.expected:
+                    continue
+                # Each partition's end, asked with the consumer unassigned: it stops fetching (each
+                # broker holds an idle Fetch up to fetch.wait.max.ms, 500 ms, and a watermark query
+                # on that connection waited behind it: 20 s for 48 partitions).
+                consumer.unassign()
+                watermarks = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=10) for tp in every}
+                behind = [(t, p) for (t, p), (lo, hi) in watermarks.items() if read_to.get((t, p), lo) < hi]
+                if not behind:
+                    break
+                if len(self.records) != read_at_check:
+                    read_at_check, stalled_since = len(self.records), time.monotonic()
+                elif time.monotonic() - stalled_since >= self.settle:
+                    break
+                consumer.assign([TopicPartition(t, p, read_to.get((t, p), OFFSET_BEGINNING)) for t, p in behind])
+                watermarks = None
+            if watermarks is None:
+                consumer.unassign()
+                watermarks = {tp: consumer.get_watermark_offsets(TopicPartition(*tp), timeout=10) for tp in every}
             # Offsets the mock no longer has: everything below a partition's low watermark that
-            # this reader did not see. The reading is over: unassigned first, the consumer stops
-            # fetching (each broker holds an idle Fetch up to fetch.wait.max.ms, 500 ms, and a
-            # watermark query on that connection waited behind it: 20 s for 48 partitions).
-            consumer.unassign()
+            # this reader did not see.
             seen = {}
             for topic, part, off, _, _ in self.records:
                 seen[topic, part] = seen.get((topic, part), 0) + 1
-            for t in self.topics:
-                for p in partitions[t]:
-                    lo, hi = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
-                    if lo > 0:
-                        self.dropped_by_mock += max(0, hi - seen.get((t, p), 0))
+            for tp, (lo, hi) in watermarks.items():
+                if lo > 0:
+                    self.dropped_by_mock += max(0, hi - seen.get(tp, 0))
         finally:
             consumer.close()
 
