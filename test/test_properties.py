@@ -323,11 +323,6 @@ def enqueue_good(c, n, tag):
     return ids
 
 
-def worker_pids(c):
-    """pg.worker_pids() over a connection the caller keeps."""
-    return [r[0] for r in c.execute("SELECT pid FROM outbox.workers ORDER BY worker").fetchall()]
-
-
 def wait_settled(pg, ids, what, pids, timeout=30, c=None):
     """Every row of `ids` published, or failed with a reason. Ends at once if a relay worker was
     restarted meanwhile (a crash: the postmaster restarts every process). c: a connection to poll
@@ -340,7 +335,7 @@ def wait_settled(pg, ids, what, pids, timeout=30, c=None):
     def settled_or_restarted():
         if c is not None:
             try:
-                return "restarted" if worker_pids(c) != pids else settled(c)
+                return "restarted" if pg.worker_pids(c) != pids else settled(c)
             except psycopg.OperationalError:  # the server restarted: the kept connection is gone
                 return "restarted"
         try:
@@ -471,7 +466,7 @@ def run_direct_rows_property(pg, mock_cluster, extra_check=None):
     def check_rows(rows):
         pg.wait_workers_running(2)  # after a crash in an earlier example, the restarted relay
         with connect(pg) as c:  # the example's one connection
-            pids = worker_pids(c)
+            pids = pg.worker_pids(c)
             # A replay of this example (Hypothesis shrinking) must not meet its own earlier rows.
             ids = [r["event_id"] for r in rows if re.fullmatch(r"[0-9a-f-]{36}", r.get("event_id") or "")]
             c.execute("DELETE FROM outbox.events WHERE event_id = ANY(%s::uuid[])", (ids,))

@@ -15,6 +15,7 @@ variant; WAL bytes and full-page images per event (pg_stat_wal), RUNS runs (defa
     PATH=/usr/lib/postgresql/15/bin:$PATH python3 bench/diagnostics/event_id_order.py
 """
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,31 +41,39 @@ def member_insert(id_sql, n):
             f"'sub-' || {n}, outbox.lane_of('sub-' || {n}, NULL), {PAYLOAD.replace('{n}', n)}")
 
 
+def measure(id_sql, tmp):
+    """One run of one variant on a throwaway cluster: (WAL bytes, full-page images) per event and
+    the event-id index's size in MB."""
+    pg = PgCluster(settings={"shared_preload_libraries": "'outbox'", "outbox.workers": "0",
+                             "log_min_messages": "warning", "max_wal_size": "'4GB'"}, create_extension=False)
+    pg.init().start().setup_database()
+    try:
+        pg.sql("CREATE EXTENSION outbox VERSION '0.4.0'")
+        pg.sql(member_insert(id_sql, "i") + f" FROM generate_series(1, {ROWS}) i")
+        pg.sql("VACUUM ANALYZE outbox.events_0")
+        script = tmp / "insert.sql"
+        script.write_text("\\set n random(1, 100000)\n" + member_insert(id_sql, ":n") + ";\n")
+        pg.sql("CHECKPOINT")
+        before = pg.sql("SELECT wal_fpi, wal_bytes FROM pg_stat_wal")[0]
+        p = subprocess.run(["pgbench", "-n", "-c", "1", "-t", str(EVENTS), "-h", pg.tmp, "-p", str(pg.port),
+                            "-U", "postgres", "-f", str(script), "postgres"], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(p.stderr[-2000:])
+        after = pg.sql("SELECT wal_fpi, wal_bytes FROM pg_stat_wal")[0]
+        index_mb = pg.value("SELECT pg_relation_size('outbox.events_0_event_id_key') / 1048576.0")
+        return float(after[1] - before[1]) / EVENTS, float(after[0] - before[0]) / EVENTS, float(index_mb)
+    finally:
+        pg.cleanup()
+
+
 results = {name: [] for name in IDS}
 tmp = Path(tempfile.mkdtemp(prefix="outbox-idorder-"))
-for run in range(RUNS):
-    for name, id_sql in IDS.items():
-        pg = PgCluster(settings={"shared_preload_libraries": "'outbox'", "outbox.workers": "0",
-                                 "log_min_messages": "warning", "max_wal_size": "'4GB'"}, create_extension=False)
-        pg.init().start().setup_database()
-        try:
-            pg.sql("CREATE EXTENSION outbox VERSION '0.4.0'")
-            pg.sql(member_insert(id_sql, "i") + f" FROM generate_series(1, {ROWS}) i")
-            pg.sql("VACUUM ANALYZE outbox.events_0")
-            script = tmp / "insert.sql"
-            script.write_text("\\set n random(1, 100000)\n" + member_insert(id_sql, ":n") + ";\n")
-            pg.sql("CHECKPOINT")
-            before = pg.sql("SELECT wal_fpi, wal_bytes FROM pg_stat_wal")[0]
-            p = subprocess.run(["pgbench", "-n", "-c", "1", "-t", str(EVENTS), "-h", pg.tmp, "-p", str(pg.port),
-                                "-U", "postgres", "-f", str(script), "postgres"], capture_output=True, text=True)
-            if p.returncode != 0:
-                raise RuntimeError(p.stderr[-2000:])
-            after = pg.sql("SELECT wal_fpi, wal_bytes FROM pg_stat_wal")[0]
-            index_mb = pg.value("SELECT pg_relation_size('outbox.events_0_event_id_key') / 1048576.0")
-            results[name].append((float(after[1] - before[1]) / EVENTS, float(after[0] - before[0]) / EVENTS,
-                                  float(index_mb)))
-        finally:
-            pg.cleanup()
+try:
+    for run in range(RUNS):
+        for name, id_sql in IDS.items():
+            results[name].append(measure(id_sql, tmp))
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
 print(f"{ROWS:,} events in the member, a CHECKPOINT, then {EVENTS:,} one-event transactions (median of {RUNS}):")
 for name, rows in results.items():
     wal = statistics.median(r[0] for r in rows)

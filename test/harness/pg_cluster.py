@@ -163,12 +163,14 @@ class PgCluster:
         except FileNotFoundError:  # never started
             return ""
 
-    def workers(self):
-        return self.sql("SELECT worker, pid, state, published, failed, last_error, broker_state "
-                        "FROM outbox.workers ORDER BY worker")
+    def workers(self, conn=None):
+        """outbox.workers' rows, over `conn` (a connection the caller keeps) or a new one."""
+        query = ("SELECT worker, pid, state, published, failed, last_error, broker_state "
+                 "FROM outbox.workers ORDER BY worker")
+        return conn.execute(query).fetchall() if conn is not None else self.sql(query)
 
-    def worker_pids(self):
-        return [r[1] for r in self.workers()]
+    def worker_pids(self, conn=None):
+        return [r[1] for r in self.workers(conn)]
 
     def wait_workers_running(self, n, timeout=60):
         return wait_until(lambda: (lambda w: len(w) == n and all(r[1] for r in w))(self.workers()),
