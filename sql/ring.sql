@@ -93,6 +93,44 @@ SELECT * FROM expect_error($$INSERT INTO outbox.events (event_id, topic, key, la
                              VALUES (outbox.event_id('ring-test', 'failed-by-hand'), 'ring.hand', 'h', outbox.lane_of('h', NULL), 'x', 'failed')$$);
 SELECT count(*) - :before AS added_by_bad_rows FROM outbox.events;
 
+-- enqueue writes an event with a generated id straight into the member, without an INSERT
+-- statement (src/enqueue/member_insert.cpp); into a member of another shape (here an
+-- administrator's INSERT trigger on it) it runs the statement, which fires that trigger. The
+-- rows of both ways alike: an id from the sequence, the transaction's created_at, the lane of the
+-- key, the stamp and the transaction as writer, ids and stamps rising in enqueue order.
+CREATE TABLE public.ring_insert_seen (event_id uuid);
+CREATE FUNCTION public.ring_insert_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO public.ring_insert_seen VALUES (NEW.event_id);
+	RETURN NEW;
+END
+$$;
+BEGIN;
+SELECT outbox.enqueue('ring.paths', 'p', 'direct'::text) AS direct_id \gset
+CREATE TRIGGER a_seen BEFORE INSERT ON outbox.events_0 FOR EACH ROW EXECUTE FUNCTION public.ring_insert_seen();
+SELECT outbox.enqueue('ring.paths', 'p', 'statement'::text) AS statement_id \gset
+DROP TRIGGER a_seen ON outbox.events_0;
+SELECT outbox.enqueue('ring.paths', NULL, 'direct, unkeyed, a CloudEvent'::text, partition => 1, cloudevents => true,
+                      event_type => 'com.example.path') IS NOT NULL AS enqueued;
+SELECT array_agg(event_id = :'statement_id') AS the_trigger_saw_the_statement_only FROM public.ring_insert_seen;
+SELECT convert_from(payload, 'UTF8') AS payload, key, id > lag(id) OVER w AS id_rises,
+       order_lsn > lag(order_lsn) OVER w AS stamp_rises, created_at = now() AS created_now,
+       writer = pg_current_xact_id() AS written_by_this_transaction, lane = outbox.lane_of(key, event_id) AS lane_of_key,
+       target_partition, ce_content_type, ce_type, ce_source IS NOT NULL AS has_source
+FROM outbox.events_0 WHERE topic = 'ring.paths' WINDOW w AS (ORDER BY id) ORDER BY id;
+SELECT (SELECT count(*) FROM outbox.events_0 WHERE event_id IN (:'direct_id', :'statement_id')) AS member_rows,
+       (SELECT count(*) FROM outbox.events WHERE event_id IN (:'direct_id', :'statement_id') AND status = 'pending') AS pending;
+COMMIT;
+DROP TABLE public.ring_insert_seen;
+DROP FUNCTION public.ring_insert_seen();
+-- In a read-only transaction enqueue is refused as an INSERT is (25006), and writes nothing.
+SELECT count(*) AS before FROM outbox.events \gset
+BEGIN READ ONLY;
+SELECT * FROM expect_error($$SELECT outbox.enqueue('ring.paths', 'p', 'read only'::text)$$);
+SELECT * FROM expect_error($$SELECT outbox.enqueue('ring.paths', NULL, 'read only'::text)$$);
+ROLLBACK;
+SELECT count(*) - :before AS added_read_only FROM outbox.events;
+
 -- UPDATE and DELETE of an event that is not failed: refused (55000), nothing changes.
 SELECT * FROM expect_error($$UPDATE outbox.events SET payload = 'changed' WHERE event_id = outbox.event_id('ring-test', 'o-1')$$);
 SELECT * FROM expect_error($$DELETE FROM outbox.events WHERE event_id = outbox.event_id('ring-test', 'o-1')$$);

@@ -12,6 +12,11 @@ settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
     nosd       the same C function as key, created without SECURITY DEFINER and SET search_path
                (what the pinned search_path and the owner's rights cost per call; run as superuser)
     id         keyed, with a caller event id (the dedup probes of the other members)
+    noidx      member's INSERT into a member without the event-id index (events_1, its unique
+               constraint dropped here): what that index costs
+    notrig     member's INSERT into a member with its stamp trigger disabled (events_2; the
+               statement writes order_lsn and writer itself): what the trigger costs
+    bare       both (events_3): a row of the member's width with one index, as plain has
 
 Interleaved, as the bench's enqueue_overhead: per client count, run and variant, one pgbench run
 with plain's script and the variant's (weight WEIGHT, default 1, against plain's 1), the overhead
@@ -46,8 +51,17 @@ WEIGHT = int(os.environ.get("WEIGHT", "1"))
 PAYLOAD = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\", "
            "\"subscription_id\": \"sub-' || :sub || '\", \"amount_cents\": ' || :amount || ', "
            "\"currency\": \"EUR\", \"period\": \"2026-11\"}'")
-MEMBER = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) SELECT {UUID_V7_SQL}, 'billing', "
-          f"'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), convert_to((({PAYLOAD})::jsonb)::text, 'UTF8')")
+# An INSERT straight into ring member `member` (events_0 as it is; the others this script reshapes
+# below to take one part away); stamp: the statement writes order_lsn and writer itself.
+def member_insert(member, stamp):
+    columns = "event_id, topic, key, lane, payload" + (", order_lsn, writer" if stamp else "")
+    values = (f"{UUID_V7_SQL}, 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
+              f"convert_to((({PAYLOAD})::jsonb)::text, 'UTF8')"
+              + (", pg_current_wal_insert_lsn(), pg_current_xact_id()" if stamp else ""))
+    return f"INSERT INTO outbox.events_{member} ({columns}) SELECT {values}"
+
+
+MEMBER = member_insert(0, False)
 STATEMENT = {
     "plain": ("INSERT INTO bench.plain_events (topic, key, payload) VALUES "
               f"('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb);"),
@@ -57,6 +71,9 @@ STATEMENT = {
     "key": f"SELECT outbox.enqueue('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb);",
     "nosd": f"SELECT bench.enqueue_nosd('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb);",
     "id": f"SELECT outbox.enqueue('billing', 'sub-' || :sub, ({PAYLOAD})::jsonb, NULL, gen_random_uuid());",
+    "noidx": member_insert(1, False) + ";",
+    "notrig": member_insert(2, True) + ";",
+    "bare": member_insert(3, True) + ";",
 }
 BUSINESS = "INSERT INTO bench.invoices (subscription_id, amount_cents, status) VALUES (:sub, :amount, 'paid');"
 
@@ -74,6 +91,11 @@ try:
     pg.sql("CREATE TABLE bench.plain_events (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
            "topic text NOT NULL, key text, payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
     assert pg.value("SELECT outbox.current_ring_member()") == 0
+    # The reshaped members (never current here: enqueue writes events_0).
+    for member in (1, 3):
+        pg.sql(f"ALTER TABLE outbox.events_{member} DROP CONSTRAINT events_{member}_event_id_key")
+    for member in (2, 3):
+        pg.sql(f'ALTER TABLE outbox.events_{member} DISABLE TRIGGER "~outbox_stamp"')
     pg.sql("VACUUM")
     pg.sql("CREATE FUNCTION bench.enqueue_nosd(topic text, key text, payload jsonb, headers jsonb DEFAULT NULL, "
            "event_id uuid DEFAULT NULL) RETURNS uuid AS 'outbox', 'outbox_enqueue_jsonb' LANGUAGE C VOLATILE")

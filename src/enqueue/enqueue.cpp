@@ -7,6 +7,7 @@
 #include "enqueue/commit_order.hpp"
 #include "enqueue/commit_wake.hpp"
 #include "enqueue/event_id.hpp"
+#include "enqueue/member_insert.hpp"
 #include "enqueue/queue_target.hpp"
 #include "enqueue/ring_dedup.hpp"
 #include "shared/guc.hpp"
@@ -532,6 +533,23 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	bool commit_order = key != nullptr && target.commit_order;
 	// The column default reads the insert position during the INSERT: never below this.
 	XLogRecPtr insert_before = commit_order ? GetXLogInsertRecPtr() : InvalidXLogRecPtr;
+	int64 id = 0;
+	XLogRecPtr order_lsn = InvalidXLogRecPtr;
+	// A generated id into a ring member: straight into the member (member_insert.cpp). A caller's
+	// id needs the statement's dedup (ON CONFLICT, the other members' probes); 0.3.0's table and
+	// a member of another shape take the statement too.
+	if (!caller_event_id && target.member != outbox::kNoMember) {
+		outbox::MemberRowValues row = {values[0], values[1], values[2], key_null, int16(lane), values[4], payload_null,
+		                               values[5], headers_null, env.partition, env.partition_null, values[7],
+		                               values[8], values[9]};
+		if (outbox::InsertIntoMember(target.member_rel, row, &id, &order_lsn)) {
+			if (commit_order) {
+				outbox::NoteKeyedRow(topic, key, id, order_lsn, insert_before, target.member);
+			}
+			outbox::WakeLaneAtCommit(lane);
+			PG_RETURN_UUID_P(event_id);
+		}
+	}
 	SPI_connect();
 	// A snapshot older than the statement (REPEATABLE READ, SERIALIZABLE) would not show an id
 	// another transaction committed since into another member: read it with the latest one.
@@ -548,8 +566,6 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		elog(ERROR, "outbox: enqueue insert failed: %s", SPI_result_code_string(rc));
 	}
 	bool inserted = SPI_processed == 1;
-	int64 id = 0;
-	XLogRecPtr order_lsn = InvalidXLogRecPtr;
 	if (inserted && commit_order) {
 		bool isnull;
 		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));

@@ -243,6 +243,15 @@ namespace outbox {
 
 void
 CheckMemberRow(Relation rel, HeapTuple tuple) {
+	TupleDesc desc = RelationGetDescr(rel);
+	auto *values = static_cast<Datum *>(palloc(sizeof(Datum) * desc->natts));
+	auto *nulls = static_cast<bool *>(palloc(sizeof(bool) * desc->natts));
+	heap_deform_tuple(tuple, desc, values, nulls);
+	CheckMemberValues(rel, values, nulls);
+}
+
+void
+CheckMemberValues(Relation rel, const Datum *values, const bool *nulls) {
 	Row row;
 	for (int i = 0; i < kArgCount; i++) {
 		row.values[i] = Datum(0);
@@ -262,8 +271,8 @@ CheckMemberRow(Relation rel, HeapTuple tuple) {
 			                       column.name, format_type_be(column.type)),
 			                errhint("The trigger outbox_generation_stamp is for the extension's generation tables only.")));
 		}
-		bool null;
-		Datum value = heap_getattr(tuple, attnum, desc, &null);
+		bool null = nulls[attnum - 1];
+		Datum value = values[attnum - 1];
 		if (column.arg == kHasPayload) { // the CHECK's `payload IS NOT NULL`
 			row.values[kHasPayload] = BoolGetDatum(!null);
 			row.nulls[kHasPayload] = false;

@@ -10,4 +10,7 @@ namespace outbox {
 // that breaks a rule; `tuple` is the row as the BEFORE INSERT triggers left it.
 void CheckMemberRow(Relation rel, HeapTuple tuple);
 
+// The same for a row given as values and nulls by attribute (RelationGetDescr(rel)'s order).
+void CheckMemberValues(Relation rel, const Datum *values, const bool *nulls);
+
 } // namespace outbox

@@ -1,0 +1,94 @@
+"""enqueue's two ways into a 0.4.0 ring member (src/enqueue/member_insert.cpp): an event with a
+generated id is written straight into the member, without an INSERT statement; one with the
+caller's id (its dedup needs ON CONFLICT and the other members' probes) and any event into a
+member of a shape the direct way does not know take the statement. pg_stat_statements with
+track = all counts the statements enqueue runs, so it tells which way each event took; the rows
+of both ways must be alike."""
+
+import uuid
+
+import psycopg
+import pytest
+
+from harness.pg_cluster import PgCluster
+
+INSERT_LIKE = "INSERT INTO outbox.events_%"
+
+
+@pytest.fixture(scope="module")
+def pg():
+    settings = {"outbox.workers": "0", "shared_preload_libraries": "'outbox,pg_stat_statements'",
+                "pg_stat_statements.track": "all"}
+    with PgCluster(settings=settings) as cluster:
+        cluster.sql("CREATE EXTENSION pg_stat_statements")
+        yield cluster
+
+
+def member_statements(c):
+    """How often enqueue ran its INSERT statement into a member."""
+    return c.execute("SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE query LIKE %s",
+                     (INSERT_LIKE,)).fetchone()[0]
+
+
+def member_row(c, event_id):
+    return c.execute("SELECT id, created_at = now() AS created_now, order_lsn, writer = pg_current_xact_id(), "
+                     "lane = outbox.lane_of(key, event_id) FROM outbox.events_0 WHERE event_id = %s",
+                     (event_id,)).fetchone()
+
+
+def test_a_generated_id_goes_straight_in_a_callers_id_through_the_statement(pg):
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="postgres", dbname="postgres", autocommit=True) as c:
+        c.execute("SELECT pg_stat_statements_reset()")
+        c.execute("BEGIN")
+        ids = [c.execute("SELECT outbox.enqueue('paths', %s, 'x'::text)", (key,)).fetchone()[0]
+               for key in ("k1", "k2", None, "k1")]
+        c.execute("SELECT outbox.enqueue('paths', 'k3', '{}'::jsonb, partition => 2, cloudevents => true)")
+        assert member_statements(c) == 0, "an event with a generated id went through the INSERT statement"
+        rows = [member_row(c, i) for i in ids]
+        callers = [str(uuid.uuid4()) for _ in range(2)]
+        for caller in callers:
+            assert c.execute("SELECT outbox.enqueue('paths', 'k1', 'y'::text, NULL, %s)",
+                             (caller,)).fetchone()[0] == uuid.UUID(caller)
+        assert member_statements(c) == 2
+        # The caller's id again: the statement's dedup, nothing written.
+        assert c.execute("SELECT outbox.enqueue('paths', 'k1', 'z'::text, NULL, %s)", (callers[0],)).fetchone()[0] is None
+        rows += [member_row(c, i) for i in callers]
+        c.execute("COMMIT")
+    # Both ways alike: ids and stamps rising in enqueue order, the transaction's time and id, the lane of the key.
+    assert all(r is not None and r[1] and r[3] and r[4] for r in rows), rows
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows)
+    assert [r[2] for r in rows] == sorted(r[2] for r in rows)
+    assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = 'paths' AND status = 'pending'") == 7
+
+
+def test_a_member_with_an_administrators_trigger_takes_the_statement(pg):
+    pg.sql("CREATE TABLE public.seen (event_id uuid)")
+    pg.sql("CREATE FUNCTION public.seen() RETURNS trigger LANGUAGE plpgsql AS "
+           "$$ BEGIN INSERT INTO public.seen VALUES (NEW.event_id); RETURN NEW; END $$")
+    member = pg.value("SELECT member FROM outbox.ring WHERE is_current")
+    pg.sql(f"CREATE TRIGGER seen AFTER INSERT ON outbox.events_{member} FOR EACH ROW EXECUTE FUNCTION public.seen()")
+    try:
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="postgres", dbname="postgres", autocommit=True) as c:
+            c.execute("SELECT pg_stat_statements_reset()")
+            event_id = c.execute("SELECT outbox.enqueue('paths', 'k', 'x'::text)").fetchone()[0]
+            assert member_statements(c) == 1
+    finally:
+        pg.sql(f"DROP TRIGGER seen ON outbox.events_{member}")
+    assert pg.value("SELECT array_agg(event_id) FROM public.seen") == [event_id]
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="postgres", dbname="postgres", autocommit=True) as c:
+        c.execute("SELECT pg_stat_statements_reset()")
+        c.execute("SELECT outbox.enqueue('paths', 'k', 'x'::text)")
+        assert member_statements(c) == 0, "the trigger is gone: the direct way again"
+
+
+def test_the_direct_way_stamps_under_session_replication_role_replica(pg):
+    # The stamp trigger is ENABLE ALWAYS (a restore, logical replication): the direct way stamps too.
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="postgres", dbname="postgres", autocommit=True) as c:
+        c.execute("SET session_replication_role = replica")
+        c.execute("SELECT pg_stat_statements_reset()")
+        c.execute("BEGIN")
+        event_id = c.execute("SELECT outbox.enqueue('paths', 'r', 'x'::text)").fetchone()[0]
+        assert member_statements(c) == 0
+        assert c.execute("SELECT order_lsn > '0/0', writer = pg_current_xact_id() FROM outbox.events_0 "
+                         "WHERE event_id = %s", (event_id,)).fetchone() == (True, True)
+        c.execute("COMMIT")
