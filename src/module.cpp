@@ -3,6 +3,7 @@
 // librdkafka, no threads.
 #include "shared/boundary.hpp"
 #include "enqueue/commit_order.hpp"
+#include "enqueue/member_insert.hpp"
 #include "enqueue/queue_target.hpp"
 #include "shared/open_writers.hpp"
 #include "launcher/drop_database.hpp"
@@ -37,6 +38,7 @@ Init() {
 	outbox::RegisterCommitOrderCallbacks();
 	// enqueue's target follows an ALTER EXTENSION UPDATE to 0.4.0 in the same backend.
 	outbox::RegisterQueueTargetInvalidation();
+	outbox::RegisterMemberShapeInvalidation();
 	outbox::RequestSharedMemory();
 	outbox::RegisterOpenWritersCallbacks();
 	outbox::RegisterLauncher();

@@ -30,6 +30,11 @@ def member_statements(c):
                      (INSERT_LIKE,)).fetchone()[0]
 
 
+def lsn(text):
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
 def member_row(c, event_id):
     return c.execute("SELECT id, created_at = now() AS created_now, order_lsn, writer = pg_current_xact_id(), "
                      "lane = outbox.lane_of(key, event_id) FROM outbox.events_0 WHERE event_id = %s",
@@ -57,7 +62,7 @@ def test_a_generated_id_goes_straight_in_a_callers_id_through_the_statement(pg):
     # Both ways alike: ids and stamps rising in enqueue order, the transaction's time and id, the lane of the key.
     assert all(r is not None and r[1] and r[3] and r[4] for r in rows), rows
     assert [r[0] for r in rows] == sorted(r[0] for r in rows)
-    assert [r[2] for r in rows] == sorted(r[2] for r in rows)
+    assert [lsn(r[2]) for r in rows] == sorted(lsn(r[2]) for r in rows)
     assert pg.value("SELECT count(*) FROM outbox.events WHERE topic = 'paths' AND status = 'pending'") == 7
 
 
@@ -92,3 +97,62 @@ def test_the_direct_way_stamps_under_session_replication_role_replica(pg):
         assert c.execute("SELECT order_lsn > '0/0', writer = pg_current_xact_id() FROM outbox.events_0 "
                          "WHERE event_id = %s", (event_id,)).fetchone() == (True, True)
         c.execute("COMMIT")
+
+
+STAMP = ('CREATE TRIGGER "~outbox_stamp" BEFORE INSERT ON outbox.events_0 FOR EACH ROW {when}'
+         'EXECUTE FUNCTION outbox.generation_stamp(); '
+         'ALTER TABLE outbox.events_0 ENABLE ALWAYS TRIGGER "~outbox_stamp"')
+# Owner changes to the current member that the direct way does not make itself: each sends the
+# event through the statement, whose executor does what the change asks; undone, the direct way
+# again (what it learnt of the member was forgotten with the change).
+SHAPES = {
+    "rule": ("CREATE RULE also_notify AS ON INSERT TO outbox.events_0 DO ALSO NOTIFY member_insert",
+             "DROP RULE also_notify ON outbox.events_0"),
+    "check": ("ALTER TABLE outbox.events_0 ADD CONSTRAINT lane_small CHECK (lane < 2000)",
+              "ALTER TABLE outbox.events_0 DROP CONSTRAINT lane_small"),
+    "row level security": ("ALTER TABLE outbox.events_0 ENABLE ROW LEVEL SECURITY",
+                           "ALTER TABLE outbox.events_0 DISABLE ROW LEVEL SECURITY"),
+    "expression index": ("CREATE INDEX shape_idx ON outbox.events_0 (lower(topic))", "DROP INDEX outbox.shape_idx"),
+    "partial index": ("CREATE INDEX shape_idx ON outbox.events_0 (topic) WHERE key IS NULL",
+                      "DROP INDEX outbox.shape_idx"),
+    "hash index": ("CREATE INDEX shape_idx ON outbox.events_0 USING hash (topic)", "DROP INDEX outbox.shape_idx"),
+    "deferrable unique": ("ALTER TABLE outbox.events_0 ADD CONSTRAINT id_unique UNIQUE (id) DEFERRABLE",
+                          "ALTER TABLE outbox.events_0 DROP CONSTRAINT id_unique"),
+    "not null": ("ALTER TABLE outbox.events_0 ALTER COLUMN payload SET NOT NULL",
+                 "ALTER TABLE outbox.events_0 ALTER COLUMN payload DROP NOT NULL"),
+    "default": ("ALTER TABLE outbox.events_0 ALTER COLUMN target_partition SET DEFAULT 7",
+                "ALTER TABLE outbox.events_0 ALTER COLUMN target_partition DROP DEFAULT"),
+    "another column": ("ALTER TABLE outbox.events_0 ADD COLUMN note text", "ALTER TABLE outbox.events_0 DROP COLUMN note"),
+    "stamp with WHEN": ('DROP TRIGGER "~outbox_stamp" ON outbox.events_0; ' + STAMP.format(when="WHEN (true) "),
+                        'DROP TRIGGER "~outbox_stamp" ON outbox.events_0; ' + STAMP.format(when="")),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_member_of_another_shape_takes_the_statement(pg, shape):
+    change, undo = SHAPES[shape]
+    assert pg.value("SELECT member FROM outbox.ring WHERE is_current") == 0
+    with psycopg.connect(host=pg.tmp, port=pg.port, user="postgres", dbname="postgres", autocommit=True) as c:
+        c.execute("SELECT outbox.enqueue('shapes', 'k', 'x'::text)")  # the member known before the change
+        c.execute("SELECT pg_stat_statements_reset()")
+        pg.sql(change)
+        try:
+            event_id = c.execute("SELECT outbox.enqueue('shapes', 'k', 'x'::text)").fetchone()[0]
+            # (A rule's rewritten statements count under the INSERT's text too.)
+            through_the_statement = member_statements(c)
+            assert through_the_statement >= 1, f"with the {shape}, the event did not take the statement"
+            if shape == "default":
+                assert pg.value("SELECT target_partition FROM outbox.events_0 WHERE event_id = %s", (event_id,)) == 7
+        finally:
+            pg.sql(undo)
+        c.execute("SELECT outbox.enqueue('shapes', 'k', 'x'::text)")
+        assert member_statements(c) == through_the_statement, "undone: the direct way again"
+
+
+def test_the_members_indexes_hold_every_row_written_the_direct_way(pg):
+    pg.sql("CREATE EXTENSION IF NOT EXISTS amcheck")
+    pg.sql("SELECT outbox.enqueue('integrity', 'k' || (g % 50), repeat('x', g % 3000)::text) "
+           "FROM generate_series(1, 3000) g")
+    for index in pg.sql("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'outbox.events_0'::regclass"):
+        pg.sql("SELECT bt_index_check(%s::regclass, true)", (index[0],))
+    assert pg.value("SELECT count(*) FROM outbox.events_0 WHERE topic = 'integrity'") == 3000

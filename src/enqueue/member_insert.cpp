@@ -4,25 +4,30 @@
 // the trigger's tuple copies), work about as large as the heap and index inserts themselves.
 // Here the steps the executor would take for this statement on this table, in its order:
 //
-//   the columns' defaults   id = nextval('outbox.events_id_seq'), created_at = now(), as the
-//                           members' defaults say (the extension's own: not read from the catalog)
+//   permissions             INSERT on the member for the current user (enqueue is SECURITY
+//                           DEFINER: its owner), as the executor checks it; nextval checks USAGE
+//   the columns' defaults   id = the sequence of its default (nextval), created_at = now(), the
+//                           other columns NULL: the member's defaults are checked to be exactly
+//                           those (MemberShape), not evaluated
 //   BEFORE INSERT trigger   "~outbox_stamp" (generation_stamp.cpp): the row rules
-//                           (CheckMemberRow), then the registration and the stamp
-//   NOT NULL                every NOT NULL column is set by construction
-//   heap insert             table_tuple_insert, with the command id the statement would use
-//   index entries           index_insert into every index ready for inserts, a unique one
+//                           (CheckMemberValues), then the registration and the stamp
+//   NOT NULL                the columns that have it are the ones set here (MemberShape)
+//   heap insert             table_tuple_insert with the current command id (SPI would advance
+//                           the counter before its statement: the row is invisible to the rest
+//                           of the calling statement either way, and visible after it)
+//   index entries           index_insert into every btree ready for inserts, a unique one
 //                           checked as the executor checks it (UNIQUE_CHECK_YES: an ERROR on a
 //                           duplicate, a wait for an in-progress inserter of the same id)
 //   end of the statement    CommandCounterIncrement, as SPI does after its statement
 //
-// It is taken only where those are all the steps there are: a member with exactly the
-// extension's columns, its stamp trigger as the one INSERT trigger (enabled ALWAYS), no rule, no
-// CHECK, no row-level security, and plain indexes (no expression, predicate or exclusion, no
-// deferred uniqueness); a read-only transaction or parallel mode leaves it to SPI's error. Every
-// other shape (an administrator's trigger on a member, say) takes the SPI statement, whose executor
-// handles it. Locks are the executor's: RowExclusiveLock on the member and its indexes, to the end
-// of the transaction. Rights: the function's (enqueue is SECURITY DEFINER: its owner's, who owns
-// the member), as the statement would run with them.
+// It is taken only where those are all the steps there are (MemberShape, OpenIndexes): the
+// extension's columns, defaults and NOT NULLs, no identity or generated column, its stamp trigger
+// (its own function, no WHEN, no arguments, enabled ALWAYS) as the one INSERT trigger, no rule,
+// CHECK, row-level security or partition constraint, plain btree indexes (no expression,
+// predicate or deferred uniqueness), a read-write transaction outside parallel mode, and no
+// ExecutorCheckPerms_hook (sepgsql, pgaudit's object audit see the statement). Every other shape
+// (an administrator's trigger on a member, say) takes the SPI statement, whose executor handles it.
+// Locks: RowExclusiveLock on the member and its indexes, to the end of the transaction.
 #include "enqueue/member_insert.hpp"
 
 #include "enqueue/row_check.hpp"
@@ -31,13 +36,20 @@
 extern "C" {
 #include "access/tableam.h"
 #include "catalog/index.h"      // BuildIndexInfo, FormIndexDatum
+#include "catalog/pg_am.h"      // BTREE_AM_OID
+#include "catalog/pg_language.h" // ClanguageId
 #include "catalog/pg_trigger.h" // TRIGGER_FOR_*
-#include "commands/sequence.h" // nextval_internal
+#include "commands/sequence.h"  // nextval_internal
 #include "commands/trigger.h"
+#include "executor/executor.h"  // ExecutorCheckPerms_hook
 #include "executor/tuptable.h"
-#include "nodes/execnodes.h" // IndexInfo
+#include "nodes/execnodes.h"    // IndexInfo
+#include "nodes/primnodes.h"
+#include "utils/builtins.h"     // text_to_cstring
+#include "utils/inval.h"
 #include "utils/rel.h"
-#include "utils/xid8.h" // FullTransactionIdGetDatum
+#include "utils/syscache.h"
+#include "utils/xid8.h"         // FullTransactionIdGetDatum
 }
 
 namespace outbox {
@@ -66,19 +78,42 @@ enum Column {
 struct ColumnShape {
 	const char *name;
 	Oid type;
+	bool not_null;
 };
 constexpr ColumnShape kColumns[kColumnCount] = {
-    {"id", INT8OID},          {"event_id", UUIDOID},  {"topic", TEXTOID},          {"key", TEXTOID},
-    {"lane", INT2OID},        {"payload", BYTEAOID},  {"headers", JSONBOID},       {"created_at", TIMESTAMPTZOID},
-    {"order_lsn", PG_LSNOID}, {"writer", XID8OID},    {"target_partition", INT4OID}, {"ce_content_type", TEXTOID},
-    {"ce_type", TEXTOID},     {"ce_source", TEXTOID},
+    {"id", INT8OID, true},
+    {"event_id", UUIDOID, true},
+    {"topic", TEXTOID, true},
+    {"key", TEXTOID, false},
+    {"lane", INT2OID, true},
+    {"payload", BYTEAOID, false},
+    {"headers", JSONBOID, false},
+    {"created_at", TIMESTAMPTZOID, true},
+    {"order_lsn", PG_LSNOID, true},
+    {"writer", XID8OID, true},
+    {"target_partition", INT4OID, false},
+    {"ce_content_type", TEXTOID, false},
+    {"ce_type", TEXTOID, false},
+    {"ce_source", TEXTOID, false},
 };
 
 constexpr const char *kStampTrigger = "~outbox_stamp";
+constexpr const char *kStampFunction = "outbox_generation_stamp";
 constexpr int kMaxIndexes = 8;
 
-// attnum (0-based) of each Column in desc, or false: a column this path does not know, or one
-// of its columns missing or of another type.
+// What the direct way needs to know of a member, found once and kept until a relcache
+// invalidation of the member (any change of its columns, defaults, constraints, triggers, rules,
+// policies, indexes or rights sends one) or a change of any function (the stamp's).
+struct MemberShape {
+	Oid relid;             // InvalidOid: an empty slot
+	bool direct;           // the direct way may write it
+	int at[kColumnCount];  // the columns' attribute indexes (0-based)
+	Oid sequence;          // the sequence of id's default
+};
+MemberShape shapes[4] = {};
+
+// attnum (0-based) of each Column, with the extension's types and NOT NULLs, no identity and no
+// generated column; false otherwise.
 bool
 ColumnPositions(TupleDesc desc, int positions[kColumnCount]) {
 	for (int c = 0; c < kColumnCount; c++) {
@@ -95,7 +130,8 @@ ColumnPositions(TupleDesc desc, int positions[kColumnCount]) {
 				found = c;
 			}
 		}
-		if (found < 0 || att->atttypid != kColumns[found].type || positions[found] >= 0) {
+		if (found < 0 || att->atttypid != kColumns[found].type || positions[found] >= 0 ||
+		    att->attnotnull != kColumns[found].not_null || att->attidentity != '\0' || att->attgenerated != '\0') {
 			return false;
 		}
 		positions[found] = i;
@@ -108,7 +144,55 @@ ColumnPositions(TupleDesc desc, int positions[kColumnCount]) {
 	return true;
 }
 
-// The member's INSERT has no step beyond the ones above: its one INSERT trigger is the stamp.
+// The member's defaults are the extension's: id's nextval of a sequence (returned) and
+// created_at's now(), no other.
+bool
+ExtensionDefaults(TupleDesc desc, const int at[kColumnCount], Oid *sequence) {
+	TupleConstr *constr = desc->constr;
+	if (constr == nullptr || constr->num_defval != 2) {
+		return false;
+	}
+	bool id = false, created_at = false;
+	for (int i = 0; i < constr->num_defval; i++) {
+		Node *expr = static_cast<Node *>(stringToNode(constr->defval[i].adbin));
+		auto *call = IsA(expr, FuncExpr) ? reinterpret_cast<FuncExpr *>(expr) : nullptr;
+		AttrNumber attnum = constr->defval[i].adnum;
+		if (call != nullptr && attnum == at[kId] + 1 && call->funcid == F_NEXTVAL && list_length(call->args) == 1 &&
+		    IsA(linitial(call->args), Const)) {
+			auto *arg = static_cast<Const *>(linitial(call->args));
+			if (arg->consttype == REGCLASSOID && !arg->constisnull) {
+				*sequence = DatumGetObjectId(arg->constvalue);
+				id = true;
+			}
+		} else if (call != nullptr && attnum == at[kCreatedAt] + 1 && call->funcid == F_NOW && call->args == NIL) {
+			created_at = true;
+		}
+	}
+	return id && created_at;
+}
+
+// The stamp, the extension's C function, with no WHEN and no arguments.
+bool
+IsTheStamp(const Trigger &t) {
+	if (strcmp(t.tgname, kStampTrigger) != 0 || !TRIGGER_FOR_ROW(t.tgtype) || !TRIGGER_FOR_BEFORE(t.tgtype) ||
+	    t.tgenabled != TRIGGER_FIRES_ALWAYS || t.tgqual != nullptr || t.tgnargs != 0) {
+		return false;
+	}
+	HeapTuple proc = SearchSysCache1(PROCOID, ObjectIdGetDatum(t.tgfoid));
+	if (!HeapTupleIsValid(proc)) {
+		return false;
+	}
+	bool ours = false;
+	if (reinterpret_cast<Form_pg_proc>(GETSTRUCT(proc))->prolang == ClanguageId) {
+		bool null;
+		Datum src = SysCacheGetAttr(PROCOID, proc, Anum_pg_proc_prosrc, &null);
+		ours = !null && strcmp(TextDatumGetCString(src), kStampFunction) == 0;
+	}
+	ReleaseSysCache(proc);
+	return ours;
+}
+
+// The member's INSERT has no trigger step beyond the stamp.
 bool
 OnlyTheStampTrigger(Relation rel) {
 	TriggerDesc *triggers = rel->trigdesc;
@@ -118,8 +202,7 @@ OnlyTheStampTrigger(Relation rel) {
 		if (!TRIGGER_FOR_INSERT(t.tgtype)) {
 			continue; // the guard (UPDATE, DELETE, TRUNCATE)
 		}
-		if (strcmp(t.tgname, kStampTrigger) != 0 || !TRIGGER_FOR_ROW(t.tgtype) || !TRIGGER_FOR_BEFORE(t.tgtype) ||
-		    t.tgenabled != TRIGGER_FIRES_ALWAYS) {
+		if (!IsTheStamp(t)) {
 			return false;
 		}
 		stamps++;
@@ -130,8 +213,31 @@ OnlyTheStampTrigger(Relation rel) {
 bool
 PlainTable(Relation rel) {
 	TupleConstr *constr = RelationGetDescr(rel)->constr;
-	return rel->rd_rel->relkind == RELKIND_RELATION && rel->rd_rules == nullptr && !rel->rd_rel->relrowsecurity &&
-	       (constr == nullptr || (constr->num_check == 0 && !constr->has_generated_stored));
+	return rel->rd_rel->relkind == RELKIND_RELATION && !rel->rd_rel->relispartition && rel->rd_rules == nullptr &&
+	       !rel->rd_rel->relrowsecurity && (constr == nullptr || constr->num_check == 0);
+}
+
+const MemberShape &
+ShapeOf(Relation rel) {
+	Oid relid = RelationGetRelid(rel);
+	MemberShape *slot = nullptr;
+	for (MemberShape &shape : shapes) {
+		if (shape.relid == relid) {
+			return shape;
+		}
+		if (slot == nullptr && !OidIsValid(shape.relid)) {
+			slot = &shape;
+		}
+	}
+	if (slot == nullptr) {
+		slot = &shapes[0]; // more members than slots: a rotation renamed them; take one over
+	}
+	MemberShape shape = {};
+	shape.relid = relid;
+	shape.direct = PlainTable(rel) && OnlyTheStampTrigger(rel) && ColumnPositions(RelationGetDescr(rel), shape.at) &&
+	               ExtensionDefaults(RelationGetDescr(rel), shape.at, &shape.sequence);
+	*slot = shape; // only now: an ERROR above leaves the slot empty
+	return *slot;
 }
 
 // Opens the member's indexes as ExecOpenIndices does; false: one this path does not insert into
@@ -151,8 +257,8 @@ OpenIndexes(Relation rel, Relation *indexes, IndexInfo **infos, int *count) {
 		indexes[*count] = index;
 		infos[*count] = info;
 		(*count)++;
-		plain = info->ii_Expressions == NIL && info->ii_Predicate == NIL && info->ii_ExclusionOps == nullptr &&
-		        (!info->ii_Unique || index->rd_index->indimmediate);
+		plain = index->rd_rel->relam == BTREE_AM_OID && info->ii_Expressions == NIL && info->ii_Predicate == NIL &&
+		        info->ii_ExclusionOps == nullptr && (!info->ii_Unique || index->rd_index->indimmediate);
 	}
 	list_free(oids);
 	return plain;
@@ -165,36 +271,58 @@ CloseIndexes(Relation *indexes, int count) {
 	}
 }
 
-Oid
-IdSequence() {
-	Oid nsp = get_namespace_oid("outbox", false);
-	Oid seq = get_relname_relid("events_id_seq", nsp);
-	if (!OidIsValid(seq)) {
-		ereport(ERROR, (errcode(ERRCODE_UNDEFINED_OBJECT), errmsg("outbox: sequence outbox.events_id_seq is missing"),
-		                errhint("ALTER EXTENSION outbox UPDATE, or make the extension again.")));
+void
+ForgetShapes() {
+	for (MemberShape &shape : shapes) {
+		shape.relid = InvalidOid;
 	}
-	return seq;
 }
 
 } // namespace
 
+extern "C" {
+static void
+outbox_member_shape_relcache(Datum, Oid relid) {
+	// Plain assignments: nothing that can throw or ereport.
+	for (outbox::MemberShape &shape : outbox::shapes) {
+		if (!OidIsValid(relid) || shape.relid == relid) {
+			shape.relid = InvalidOid;
+		}
+	}
+}
+
+static void
+outbox_member_shape_proc(Datum, int, uint32) {
+	outbox::ForgetShapes();
+}
+}
+
+void
+RegisterMemberShapeInvalidation() {
+	CacheRegisterRelcacheCallback(outbox_member_shape_relcache, Datum(0));
+	CacheRegisterSyscacheCallback(PROCOID, outbox_member_shape_proc, Datum(0));
+}
+
 bool
 InsertIntoMember(Oid member_rel, const MemberRowValues &row, int64 *id, XLogRecPtr *order_lsn) {
-	if (XactReadOnly || IsInParallelMode()) {
-		return false; // the SPI statement raises the error the executor gives
+	if (XactReadOnly || IsInParallelMode() || ExecutorCheckPerms_hook != nullptr) {
+		return false; // the statement: its error, or the hook's view of it
 	}
 	Relation rel = table_open(member_rel, RowExclusiveLock);
-	TupleDesc desc = RelationGetDescr(rel);
-	int at[kColumnCount];
+	const MemberShape &shape = ShapeOf(rel);
 	Relation indexes[kMaxIndexes];
 	IndexInfo *infos[kMaxIndexes];
 	int n_indexes = 0;
-	if (!PlainTable(rel) || !OnlyTheStampTrigger(rel) || !ColumnPositions(desc, at) ||
+	if (!shape.direct || pg_class_aclcheck(member_rel, GetUserId(), ACL_INSERT) != ACLCHECK_OK ||
 	    !OpenIndexes(rel, indexes, infos, &n_indexes)) {
 		CloseIndexes(indexes, n_indexes);
 		table_close(rel, NoLock);
 		return false;
 	}
+	TupleDesc desc = RelationGetDescr(rel);
+	int at[kColumnCount];
+	memcpy(at, shape.at, sizeof(at)); // the shape may be forgotten by an invalidation below
+	Oid sequence = shape.sequence;
 
 	Datum *values = static_cast<Datum *>(palloc0(sizeof(Datum) * desc->natts));
 	bool *nulls = static_cast<bool *>(palloc(sizeof(bool) * desc->natts));
@@ -204,7 +332,7 @@ InsertIntoMember(Oid member_rel, const MemberRowValues &row, int64 *id, XLogRecP
 		nulls[at[c]] = null;
 	};
 	// The defaults, in the order the executor evaluates the target list (by column).
-	*id = nextval_internal(IdSequence(), true);
+	*id = nextval_internal(sequence, true);
 	set(kId, Int64GetDatum(*id));
 	set(kEventId, row.event_id);
 	set(kTopic, row.topic);

@@ -29,4 +29,7 @@ struct MemberRowValues {
 // the SPI statement, which handles every shape.
 bool InsertIntoMember(Oid member_rel, const MemberRowValues &row, int64 *id, XLogRecPtr *order_lsn);
 
+// From _PG_init: forgets what InsertIntoMember learnt of a member when it changes.
+void RegisterMemberShapeInvalidation();
+
 } // namespace outbox
