@@ -320,7 +320,8 @@ def measured(bench, shape, checkpoint, run, meter, steps, topic, dbname):
 
         def purge():
             # 0.3.0's outbox.purge deletes at most batch_size rows a call (10,000): call until
-            # done. 0.4.0's deletes outbox.landed rows only and returns 0 (no rotation yet).
+            # done. 0.4.0's returns 0: it seals the current member and empties those the cursors passed
+            # (a TRUNCATE, their landed rows deleted), nothing row by row.
             with db.pg.connect(dbname) as c:
                 while c.execute("SELECT outbox.purge('0 s')").fetchone()[0]:
                     pass
