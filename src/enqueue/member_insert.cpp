@@ -111,6 +111,9 @@ struct MemberShape {
 	Oid sequence;          // the sequence of id's default
 };
 MemberShape shapes[4] = {};
+// Counts the invalidations: a verdict is kept only if none came while it was found (a syscache
+// miss inside ShapeOf may take one in; a change of the stamp's function needs no member lock).
+uint64 invalidations = 0;
 
 // attnum (0-based) of each Column, with the extension's types and NOT NULLs, no identity and no
 // generated column; false otherwise.
@@ -232,10 +235,17 @@ ShapeOf(Relation rel) {
 	if (slot == nullptr) {
 		slot = &shapes[0]; // more members than slots: a rotation renamed them; take one over
 	}
+	uint64 before = invalidations;
 	MemberShape shape = {};
 	shape.relid = relid;
 	shape.direct = PlainTable(rel) && OnlyTheStampTrigger(rel) && ColumnPositions(RelationGetDescr(rel), shape.at) &&
 	               ExtensionDefaults(RelationGetDescr(rel), shape.at, &shape.sequence);
+	if (invalidations != before) {
+		shape.relid = InvalidOid; // used for this call, found again at the next
+		static MemberShape unkept;
+		unkept = shape;
+		return unkept;
+	}
 	*slot = shape; // only now: an ERROR above leaves the slot empty
 	return *slot;
 }
@@ -273,6 +283,7 @@ CloseIndexes(Relation *indexes, int count) {
 
 void
 ForgetShapes() {
+	invalidations++;
 	for (MemberShape &shape : shapes) {
 		shape.relid = InvalidOid;
 	}
@@ -284,6 +295,7 @@ extern "C" {
 static void
 outbox_member_shape_relcache(Datum, Oid relid) {
 	// Plain assignments: nothing that can throw or ereport.
+	outbox::invalidations++;
 	for (outbox::MemberShape &shape : outbox::shapes) {
 		if (!OidIsValid(relid) || shape.relid == relid) {
 			shape.relid = InvalidOid;
