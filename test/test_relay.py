@@ -300,10 +300,11 @@ def test_outage_longer_than_all_attempts_fails_nothing(mock_cluster, make_relay)
 # --- crashes and shutdown --------------------------------------------------------------------
 
 def test_crash_between_publish_and_record_resends_and_dedup_applies_once(mock_cluster, make_relay):
-    pg = make_relay(mock_cluster.bootstrap)
-    pg.wait_workers_running(1)
     victim = "6c9c1a4e-7d1f-4b5e-9a53-8d7f2b0c0e01"
-    pg.set(test_crash_after_ack=victim)
+    # Set before the worker starts: a reload reaches the worker whenever it next checks, and the
+    # enqueue's commit can wake it to publish the victim before that.
+    pg = make_relay(mock_cluster.bootstrap, test_crash_after_ack=victim)
+    pg.wait_workers_running(1)
     pid_before = pg.worker_pids()[0]
     pg.expect_killed(pid_before)  # the relay SIGKILLs itself after the ack (test_crash_after_ack)
     with pg.connect(autocommit=False) as c:

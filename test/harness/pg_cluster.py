@@ -116,7 +116,10 @@ class PgCluster:
         self.sql("SELECT pg_reload_conf()")
 
     def set(self, **settings):
-        """ALTER SYSTEM each outbox.* setting (keyword: name without prefix) and reload."""
+        """ALTER SYSTEM each outbox.* setting (keyword: name without prefix) and reload. The reload
+        is asynchronous: a worker takes the value when it next checks, possibly after work the
+        test's next statement wakes it for. A test that needs the value in place before acting
+        sets it at make_relay, or waits for its effect."""
         for name, value in settings.items():
             literal = "'" + str(value).replace("'", "''") + "'"
             self.sql(f"ALTER SYSTEM SET outbox.{name} = {literal}", dbname="postgres")
