@@ -4,10 +4,11 @@ FROM pg_settings WHERE name LIKE 'outbox.%' ORDER BY name;
 
 -- Bad values are refused, and nothing is written. (The bounds are in the listing above; the
 -- messages of settings with units spell the bounds differently from PostgreSQL 17 on, so those
--- two show only their SQLSTATE.) The reserved prefix is tested in reserved_prefix.
+-- show only their SQLSTATE.) The reserved prefix is tested in reserved_prefix.
 \set VERBOSITY sqlstate
 SET outbox.max_payload_bytes = -1;
 ALTER SYSTEM SET outbox.publish_timeout = '10ms';
+ALTER SYSTEM SET outbox.batch_linger = '2min';
 \set VERBOSITY default
 ALTER SYSTEM SET outbox.on_failed_event = 'drop';
 ALTER SYSTEM SET outbox.workers = 33;

@@ -241,6 +241,11 @@ DefineSettings() {
 	                        "Bounds the worker's memory however large the backlog; one event is always taken.",
 	                        &settings.batch_max_bytes, 16 * 1024 * 1024, 1024, INT_MAX, PGC_SIGHUP, GUC_UNIT_BYTE,
 	                        nullptr, nullptr, nullptr);
+	DefineCustomIntVariable("outbox.batch_linger", "Least time between two claims of a relay worker that keeps up.",
+	                        "Events committed meanwhile share the next batch: fewer relay writes per event for at "
+	                        "most this much latency. A worker behind claims at once; 0 turns it off.",
+	                        &settings.batch_linger_ms, 10, 0, 60000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr,
+	                        nullptr);
 	DefineCustomIntVariable("outbox.poll_interval", "Longest sleep of an idle relay worker.",
 	                        "A backstop only: committed enqueues wake the relay at once.", &settings.poll_interval_ms,
 	                        10000, 10, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr, nullptr, nullptr);

@@ -15,7 +15,7 @@ counted on its own; for the pattern, its VACUUM. The relay publishes to librdkaf
 (RTT 0, one topic of 6 partitions).
 
     PATH=/usr/lib/postgresql/15/bin:$PATH python3 bench/diagnostics/wal_steady.py
-    RATE=2000 SECONDS=60 PER_TX=1 (defaults)
+    RATE=2000 SECONDS=60 PER_TX=1 (defaults); LINGER=<outbox.batch_linger> (default: its default)
 """
 import collections
 import os
@@ -35,6 +35,7 @@ from common import Mock  # noqa: E402
 RATE = int(os.environ.get("RATE", "2000"))
 SECONDS = int(os.environ.get("SECONDS", "60"))
 PER_TX = int(os.environ.get("PER_TX", "1"))
+LINGER = os.environ.get("LINGER")  # outbox.batch_linger, e.g. "0" or "20ms"
 KEYS = 1000
 # Events the relay published, by its landed rows (the view would read every member row).
 PUBLISHED = "SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox.landed"
@@ -89,6 +90,8 @@ def main():
     topic = mock.new_topic("steady", 6)
     settings = {"fsync": "on", "wal_keep_size": "'4GB'", "outbox.workers": "1", "outbox.bootstrap_servers": f"'{mock.bootstrap}'",
                 "log_min_messages": "warning"}
+    if LINGER is not None:  # else the default
+        settings["outbox.batch_linger"] = f"'{LINGER}'"
     pg = PgCluster(settings=settings)
     pg.init().start().setup_database()
     tmp = Path(tempfile.mkdtemp(prefix="outbox-wal-steady-"))
@@ -101,7 +104,8 @@ def main():
                "type varchar(255) NOT NULL, payload jsonb)")
         pg.wait_workers_running(1, timeout=60)
         print(f"rate {RATE} tx/s, {SECONDS} s, {PER_TX} event(s) a transaction, relay publishing (1 worker, "
-              f"mock cluster RTT 0, {topic}: 6 partitions); WAL bytes per event")
+              f"mock cluster RTT 0, {topic}: 6 partitions, outbox.batch_linger "
+              f"{pg.value('SHOW outbox.batch_linger')}); WAL bytes per event")
         results = {}
         for shape in ("debezium", "plain", "outbox"):
             script = tmp / f"{shape}.sql"

@@ -893,6 +893,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	claim_open = false; // an ERROR ended the last one
 	batch->n = 0;
 	batch->events = nullptr;
+	batch->cut = false;
 	*requeued = 0;
 	TableState state = BeginStep("outbox relay: claim");
 	if (state != TableState::Ready) {
@@ -935,6 +936,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 			bytes += DatumGetInt64(SPI_getbinval(tuple, candidates->tupdesc, 5, &isnull));
 			n_fit++;
 		}
+		batch->cut = n_fit < n_candidates || n_candidates >= settings.batch_size;
 		if (n_fit == 0) {
 			break;
 		}

@@ -40,6 +40,9 @@ SameOrderScope(const ClaimedEvent &a, const ClaimedEvent &b) {
 struct Batch {
 	int n;
 	ClaimedEvent *events;
+	// The claim stopped at a budget (batch_size, batch_max_bytes, a hole's window) with rows it
+	// could have taken: the worker claims again at once instead of lingering (outbox.batch_linger).
+	bool cut;
 };
 
 // What happened to each claimed event.

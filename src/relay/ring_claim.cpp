@@ -947,6 +947,8 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		ring.to_horizon = n_rows < limit && k == n_rows;
 	}
 	UnregisterSnapshot(view.snapshot);
+	// Cut: a committed hole not walked to its end, or member rows below W left for the next claim.
+	batch->cut = !ring.holes_walked || (ring.cursor.order_lsn < ring.horizon && !ring.to_horizon);
 	// Held rows wait behind their key in event_state, due at once (the key's earlier row holds
 	// them back there): copied in the claim's transaction, with the cursor that passes them.
 	if (n_held > 0) {

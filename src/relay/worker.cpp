@@ -120,6 +120,27 @@ WaitFor(long ms) {
 	}
 }
 
+// outbox.batch_linger: a worker that took everything its claim could see claims again no sooner
+// than this after that claim began, whatever commits wake it meanwhile, so that under a steady
+// load the events of many commits share a batch and its relay writes (landed rows, the cursor, a
+// commit), like a Kafka producer's linger.ms. A worker behind (a cut claim) does not linger; an
+// idle one is woken at the first commit, so a lone event waits for nothing. Shutdown, a reload
+// (which may change the linger) and postmaster death end it.
+void
+LingerAfterClaim(instr_time claim_start) {
+	for (;;) {
+		instr_time now;
+		INSTR_TIME_SET_CURRENT(now);
+		INSTR_TIME_SUBTRACT(now, claim_start);
+		long left = settings.batch_linger_ms - long(INSTR_TIME_GET_MILLISEC(now));
+		if (left <= 0 || ShutdownRequestPending || ConfigReloadPending) {
+			return;
+		}
+		SetWorkerState(slot, WorkerState::Idle);
+		SleepOnLatch(left);
+	}
+}
+
 // After an ERROR: a full pause, not cut short by the latch (every committed enqueue sets it), so
 // a repeating error cannot loop faster than once a pause. Shutdown and postmaster death end it.
 void
@@ -1188,7 +1209,7 @@ RelayMain(Datum arg) {
 			continue;
 		}
 		SetWorkerState(slot, WorkerState::Claiming);
-		Batch batch{0, nullptr};
+		Batch batch{0, nullptr, false};
 		int64 requeued = 0;
 		instr_time claim_start = MetricsNow();
 		TableState table = ClaimBatch(MyLanes(), batch_context, &batch, &requeued);
@@ -1220,6 +1241,9 @@ RelayMain(Datum arg) {
 		RunBatch(batch);
 		if (backoff_until <= now) {
 			NoteCycleSucceeded(slot, now); // a batch that errs sets last_error or a backoff
+		}
+		if (!batch.cut) {
+			LingerAfterClaim(claim_start);
 		}
 	}
 

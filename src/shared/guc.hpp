@@ -30,6 +30,7 @@ struct Settings {
 	int batch_size;
 	int batch_max_bytes;
 	int poll_interval_ms;
+	int batch_linger_ms; // least time from a claim to the next while the worker keeps up
 	// Failures.
 	int max_attempts;
 	int backoff_base_ms;
