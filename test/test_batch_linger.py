@@ -43,21 +43,38 @@ def test_events_committed_during_a_linger_share_one_batch(mock_cluster, make_rel
     assert landed_ids(pg) == [[first], rest]
 
 
-@pytest.mark.parametrize("schema", [
-    pytest.param("0.4.0", id="ring"),
-    pytest.param("0.3.0", id="0.3.0", marks=pytest.mark.schema("0.3.0")),
+@pytest.mark.parametrize("schema, budget, payload", [
+    pytest.param("0.4.0", {"batch_size": 2}, "{}", id="ring-batch_size"),
+    # 1kB of payload, key and headers a claim: about two of these events each.
+    pytest.param("0.4.0", {"batch_max_bytes": "1kB"}, '{"pad": "%s"}' % ("x" * 600), id="ring-batch_max_bytes"),
+    pytest.param("0.3.0", {"batch_size": 2}, "{}", id="0.3.0-batch_size", marks=pytest.mark.schema("0.3.0")),
+    pytest.param("0.3.0", {"batch_max_bytes": "1kB"}, '{"pad": "%s"}' % ("x" * 600), id="0.3.0-batch_max_bytes",
+                 marks=pytest.mark.schema("0.3.0")),
 ])
-def test_a_worker_behind_does_not_linger(mock_cluster, make_relay, schema):
-    """Claims cut at batch_size follow each other at once: 12 events in batches of 2 take six
+def test_a_worker_behind_does_not_linger(mock_cluster, make_relay, schema, budget, payload):
+    """Claims cut at a budget follow each other at once: 12 events about two a claim take six
     claims, which a linger of a minute after each would make last at least five minutes."""
-    pg = make_relay(mock_cluster.bootstrap, batch_linger="60s", batch_size=2)
+    pg = make_relay(mock_cluster.bootstrap, batch_linger="60s", **budget)
     pg.wait_workers_running(1)
     assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'") == schema
     with pg.connect(autocommit=False) as c:
         for n in range(12):
-            c.execute("SELECT outbox.enqueue('billing', 'invoice-7', %s::jsonb)", (f'{{"n": {n}}}',))
+            c.execute("SELECT outbox.enqueue('billing', 'invoice-7', %s::jsonb)", (payload,))
         c.commit()
     pg.wait_published(12, timeout=50)
+
+
+def test_a_reload_ends_a_linger(mock_cluster, make_relay):
+    """A reload is served at once, also one that shortens the linger itself."""
+    pg = make_relay(mock_cluster.bootstrap, batch_linger="60s")
+    pg.wait_workers_running(1)
+    enqueue_one(pg, "invoice-7", 0)
+    pg.wait_published(1, timeout=30)
+    enqueue_one(pg, "invoice-7", 1)  # waits for the linger's end
+    wait_until(lambda: pg.value("SELECT state FROM outbox.workers WHERE worker = 0") == "lingering", 30,
+               "the worker lingering")
+    pg.set(batch_linger="0")
+    pg.wait_published(2, timeout=30)
 
 
 def test_sigterm_ends_a_linger(mock_cluster, make_relay):

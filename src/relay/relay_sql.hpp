@@ -40,8 +40,10 @@ SameOrderScope(const ClaimedEvent &a, const ClaimedEvent &b) {
 struct Batch {
 	int n;
 	ClaimedEvent *events;
-	// The claim stopped at a budget (batch_size, batch_max_bytes, a hole's window) with rows it
-	// could have taken: the worker claims again at once instead of lingering (outbox.batch_linger).
+	// The claim stopped at a budget (batch_size, batch_max_bytes, a hole's window), so rows may be
+	// waiting: the worker claims again at once instead of lingering (outbox.batch_linger). Only
+	// that: rows a session holds locked can make a claim cut with little taken, so an empty
+	// claim's sleep must never be skipped on it.
 	bool cut;
 };
 

@@ -867,6 +867,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		batch->n = TakeLockedState(candidates, n_fit, SPI_tuptable, int(SPI_processed), into, batch->events);
 	}
 	ring.n_state = batch->n;
+	bool state_cut = n_fit < n_candidates || n_candidates >= batch_size;
 
 	int limit = batch_size - batch->n;
 	int n_held = 0;
@@ -947,8 +948,9 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		ring.to_horizon = n_rows < limit && k == n_rows;
 	}
 	UnregisterSnapshot(view.snapshot);
-	// Cut: a committed hole not walked to its end, or member rows below W left for the next claim.
-	batch->cut = !ring.holes_walked || (ring.cursor.order_lsn < ring.horizon && !ring.to_horizon);
+	// Cut: due event_state rows beyond (1)'s budget, a committed hole not walked to its end, or
+	// member rows below W left for the next claim.
+	batch->cut = state_cut || !ring.holes_walked || (ring.cursor.order_lsn < ring.horizon && !ring.to_horizon);
 	// Held rows wait behind their key in event_state, due at once (the key's earlier row holds
 	// them back there): copied in the claim's transaction, with the cursor that passes them.
 	if (n_held > 0) {

@@ -136,7 +136,7 @@ LingerAfterClaim(instr_time claim_start) {
 		if (left <= 0 || ShutdownRequestPending || ConfigReloadPending) {
 			return;
 		}
-		SetWorkerState(slot, WorkerState::Idle);
+		SetWorkerState(slot, WorkerState::Lingering);
 		SleepOnLatch(left);
 	}
 }
@@ -1209,6 +1209,9 @@ RelayMain(Datum arg) {
 			continue;
 		}
 		SetWorkerState(slot, WorkerState::Claiming);
+		// Wake-ups noted so far (commits during a linger) are served by this claim, whose snapshot
+		// is taken after: kept, they would end the next idle sleep at once for an empty claim.
+		TakeWakeRequest(slot);
 		Batch batch{0, nullptr, false};
 		int64 requeued = 0;
 		instr_time claim_start = MetricsNow();
@@ -1242,7 +1245,7 @@ RelayMain(Datum arg) {
 		if (backoff_until <= now) {
 			NoteCycleSucceeded(slot, now); // a batch that errs sets last_error or a backoff
 		}
-		if (!batch.cut) {
+		if (!batch.cut && backoff_until <= GetCurrentTimestamp()) { // a backoff's own wait comes first
 			LingerAfterClaim(claim_start);
 		}
 	}

@@ -191,6 +191,8 @@ WorkerStateName(WorkerState s) {
 		return "starting";
 	case WorkerState::Idle:
 		return "idle";
+	case WorkerState::Lingering:
+		return "lingering";
 	case WorkerState::Claiming:
 		return "claiming";
 	case WorkerState::Publishing:

@@ -14,6 +14,7 @@ enum class WorkerState : int {
 	Stopped = 0,
 	Starting,
 	Idle,
+	Lingering, // outbox.batch_linger: between two batches under a steady load, not asleep
 	Claiming,
 	Publishing,
 	Recording,
