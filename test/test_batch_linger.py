@@ -64,12 +64,18 @@ def test_a_worker_behind_does_not_linger(mock_cluster, make_relay, schema, budge
     pg.wait_published(12, timeout=50)
 
 
-def test_a_reload_ends_a_linger(mock_cluster, make_relay):
-    """A reload is served at once, also one that shortens the linger itself."""
+def relay_lingering(mock_cluster, make_relay):
+    """A relay with a linger of a minute that has just published one event: it lingers."""
     pg = make_relay(mock_cluster.bootstrap, batch_linger="60s")
     pg.wait_workers_running(1)
     enqueue_one(pg, "invoice-7", 0)
     pg.wait_published(1, timeout=30)
+    return pg
+
+
+def test_a_reload_ends_a_linger(mock_cluster, make_relay):
+    """A reload is served at once, also one that shortens the linger itself."""
+    pg = relay_lingering(mock_cluster, make_relay)
     enqueue_one(pg, "invoice-7", 1)  # waits for the linger's end
     wait_until(lambda: pg.value("SELECT state FROM outbox.workers WHERE worker = 0") == "lingering", 30,
                "the worker lingering")
@@ -78,9 +84,6 @@ def test_a_reload_ends_a_linger(mock_cluster, make_relay):
 
 
 def test_sigterm_ends_a_linger(mock_cluster, make_relay):
-    pg = make_relay(mock_cluster.bootstrap, batch_linger="60s")
-    pg.wait_workers_running(1)
-    enqueue_one(pg, "invoice-7", 0)
-    pg.wait_published(1, timeout=30)
+    pg = relay_lingering(mock_cluster, make_relay)
     pg.kill_worker(0, signal.SIGTERM)
     wait_until(lambda: "outbox relay 0 stopping" in pg.log(), 30, "the worker stopped within the linger")
