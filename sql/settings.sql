@@ -66,6 +66,18 @@ SET outbox.batch_size = 10;
 SET outbox.workers = 2;
 SET outbox.cloudevents_topics = 'billing.*';
 SET outbox.message_timestamp = 'publish';
+-- Nor per role: a role with no rights at all cannot set the relay's pacing for itself (the
+-- SQLSTATEs only: the messages differ between majors).
+CREATE ROLE settings_nobody;
+SET ROLE settings_nobody;
+\set VERBOSITY sqlstate
+SET outbox.batch_linger = 0;
+SELECT set_config('outbox.batch_linger', '0', false);
+ALTER ROLE settings_nobody SET outbox.batch_linger = 0;
+\set VERBOSITY default
+RESET ROLE;
+DROP ROLE settings_nobody;
+SHOW outbox.batch_linger;
 -- Per database instead: ALTER DATABASE ... SET outbox.workers (the launcher restarts that
 -- database's workers with it); its bounds apply there too.
 DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET outbox.workers = 33', current_database()); END $$;
