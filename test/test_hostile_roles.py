@@ -466,7 +466,7 @@ def test_app_role_cannot_read_change_or_stop_anything(app_relay):
                 "SET ROLE outbox_relay", "SELECT nextval('outbox.events_id_seq')"):
         err = refused(pg, "app", sql)
         assert SECRET not in str(err)
-    if value(pg, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'") == "0.4.0":
+    if value(pg, "SELECT extversion FROM pg_extension WHERE extname = 'outbox'") != "0.3.0":  # the ring (0.4.0 on)
         for sql in ("SELECT * FROM outbox.events_0", "TRUNCATE outbox.events_0", "SELECT * FROM outbox.landed",
                     "SELECT * FROM outbox.event_state", "SELECT * FROM outbox.cursors",
                     "SELECT * FROM outbox.ring_status", "SELECT outbox.ring_keeps_event_id(gen_random_uuid())"):
