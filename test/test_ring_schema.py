@@ -8,6 +8,7 @@ its claim on the ring is tested in test_ring_relay.py."""
 import json
 import os
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -1098,3 +1099,38 @@ def test_drop_extension_leaves_nothing(pg):
     pg.sql("DROP EXTENSION outbox", dbname=db)
     assert pg.value("SELECT count(*) FROM pg_namespace WHERE nspname = 'outbox'", dbname=db) == 0
     pg.sql(f"DROP DATABASE {db}")
+
+
+def test_a_dump_keeps_which_ids_are_callers_and_the_rebase_keeps_dedup(pg, tmp_path):
+    """pg_dump of a 0.4.1 database writes the members' caller_event_id (they are config-dumped), so
+    a restore into 0.4.1 keeps each row's choice: a caller's id indexed and deduplicated, a
+    generated one not (the stamp trigger takes the restored false for a version 7 id). The re-base
+    of the restored cursor copies every unpublished row into event_state, after which a caller's id
+    is still a duplicate. A 0.4.0 dump restored into 0.4.1 (no such column) gives every row true."""
+    for version in (None, "0.4.0"):
+        src, dst = fresh_database(pg, version), "r" + uuid.uuid4().hex[:10]
+        given = uuid.uuid4()
+        with connect(pg, src) as c:
+            generated = c.execute("SELECT outbox.enqueue('dump', 'k', 'g'::text)").fetchone()[0]
+            c.execute("SELECT outbox.enqueue('dump', 'k', 'c'::text, event_id => %s)", (given,))
+            # A relay's cursor of this system: restored elsewhere it is a foreign one (H6).
+            c.execute("INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at) "
+                      "SELECT 1, 0, r.order_lsn, 0, s.system_identifier, now() "
+                      "FROM outbox.ring_start r, pg_control_system() s")
+        dump = tmp_path / f"{src}.dump"
+        subprocess.run(["pg_dump", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-Fc", "-f", str(dump), src],
+                       check=True)
+        pg.sql(f"CREATE DATABASE {dst}")
+        pg.sql("CREATE EXTENSION outbox", dbname=dst)  # the default, 0.4.1, whatever the dump's version
+        subprocess.run(["pg_restore", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-d", dst,
+                        "--data-only", "--exit-on-error", str(dump)], check=True)
+        want = [(generated, version is not None), (given, True)]  # 0.4.0's rows: true
+        with connect(pg, dst) as c:
+            assert c.execute("SELECT event_id, caller_event_id FROM outbox.events_0 ORDER BY id").fetchall() == want
+            assert index_entries(c) == (2 if version else 1)
+            c.execute("UPDATE outbox.cursors SET system_identifier = system_identifier + 1")
+            assert c.execute("SELECT rebased, copied FROM outbox.ring_rebase()").fetchone() == (1, 2)
+            assert c.execute("SELECT outbox.enqueue('dump', 'k', 'again'::text, event_id => %s)",
+                             (given,)).fetchone()[0] is None
+        for db in (src, dst):
+            pg.sql(f"DROP DATABASE {db}")
