@@ -214,7 +214,9 @@ UUID_V7_SQL = ("encode(set_byte(set_byte(overlay(uuid_send(gen_random_uuid()) PL
                "substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) "
                "FROM 1 FOR 6), 6, 112 + floor(random() * 16)::int), 8, 128 + floor(random() * 64)::int), 'hex')::uuid")
 
-PREVIEW = "0.4.0"
+# 0.4.1 since its event-id index holds caller ids only (the cells keep their 0.4.0 names,
+# outbox_040; this library writes 0.4.0's members through enqueue's statement, not directly).
+PREVIEW = "0.4.1"
 PREVIEW_DB = "bench_preview"
 # The 0.4.0 tables of the contract (the counts sum over every table of schema outbox anyway).
 PREVIEW_TABLES = ("outbox.events_0", "outbox.events_1", "outbox.events_2", "outbox.events_3", "outbox.landed",

@@ -8,9 +8,12 @@ It needs what test/run sets up (packages, the extension built and installed)."""
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+import common  # noqa: E402  (PREVIEW: the ring version the bench's outbox_040 cells create)
 WORKLOADS = {"burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
              "memory", "table_health", "wal_cost"}
 BURST_SYSTEMS = {"outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"}
@@ -77,7 +80,7 @@ def test_bench_quick_smoke(tmp_path):
             assert (r["verify"] is None) == r["system"].startswith("floor"), r
             if r["system"] == "outbox_040":
                 # every event named once by outbox.landed, on the preview schema
-                assert r["extversion"] == "0.4.0" and r["landed_ids"] == r["landed_distinct_ids"] == 4000, r
+                assert r["extversion"] == common.PREVIEW and r["landed_ids"] == r["landed_distinct_ids"] == 4000, r
                 assert r["statements_profile"], r
         if preview_skipped:
             assert skipped[name]["outbox_040"].strip(), skipped
@@ -113,7 +116,7 @@ def test_bench_quick_smoke(tmp_path):
         assert skipped["table_health"]["outbox_040"].strip(), skipped["table_health"]
     else:
         systems.add("outbox_040")
-        assert th["system"] == "outbox_040" and th["extversion"] == "0.4.0", th["runs"]
+        assert th["system"] == "outbox_040" and th["extversion"] == common.PREVIEW, th["runs"]
     assert set(th["systems"]) == systems, th["systems"].keys()
     for name, x in th["systems"].items():
         assert x["system"] == name and x["seconds"] == 12 and x["rate"] == 300 and x["events"] > 0, x["runs"]
@@ -153,7 +156,7 @@ def test_bench_quick_smoke(tmp_path):
             # the record's old version and the purge's delete (fewer if autovacuum came by)
             assert 0 < r["dead_tuples_per_event"] <= 2.0, r
         elif r["shape"] == "outbox_040":
-            assert r["extversion"] == "0.4.0", r
+            assert r["extversion"] == common.PREVIEW, r
         else:
             assert r["dead_tuples_per_event"] == (1.0 if r["shape"] == "debezium" else 0.0), r
     assert results["summary"]["wal_cost"]["shape"]["outbox"]["wal_bytes_per_event_vs_debezium"] > 0

@@ -1,4 +1,4 @@
--- Schema 0.4.0, the default version (outbox.control): the insert-only ring of member tables
+-- Schema 0.4.1, the default version (outbox.control): the insert-only ring of member tables
 -- outbox.events_0 .. events_3 behind the view outbox.events. The files before this one run on
 -- 0.3.0 (setup.sql); this one makes the default version for itself, runs last (after upgrade,
 -- which leaves 0.3.0 installed) and puts setup's 0.3.0 back at its end. (test/test_ring_*.py test
@@ -239,7 +239,26 @@ WHERE c.system_identifier <> s.system_identifier;
 SELECT status, count(*) FROM outbox.events GROUP BY status ORDER BY status;
 SELECT * FROM outbox.ring_rebase();
 
+-- Event-id index entries for a caller's id only (0.4.1): the member's unique index on event_id is
+-- partial, WHERE caller_event_id; a row whose id enqueue generated says so (false) and is not in
+-- it, nor deduplicated: a caller who passes that id gets a second event. A caller's id is, once.
+-- A row written by hand leaves the column out (true) and is unique-checked; it may set false only
+-- for an id of enqueue's kind (version 7): 23514 naming the rule otherwise.
+SELECT pg_get_indexdef('outbox.events_0_event_id_key'::regclass) AS event_id_index;
+SELECT outbox.enqueue('ring.ids', 'g', 'generated'::text) AS generated \gset
+CREATE TEMP VIEW ring_ids AS
+SELECT event_id, topic, caller_event_id FROM outbox.events_0 UNION ALL SELECT event_id, topic, caller_event_id FROM outbox.events_1
+UNION ALL SELECT event_id, topic, caller_event_id FROM outbox.events_2 UNION ALL SELECT event_id, topic, caller_event_id FROM outbox.events_3;
+SELECT caller_event_id FROM ring_ids WHERE event_id = :'generated';
+SELECT outbox.enqueue('ring.ids', 'g', 'again'::text, NULL, :'generated') = :'generated' AS a_generated_id_passed_again_is_a_new_event;
+SELECT outbox.enqueue('ring.ids', 'g', 'given'::text, NULL, outbox.event_id('ring-test', 'given')) IS NOT NULL AS given,
+       outbox.enqueue('ring.ids', 'g', 'given'::text, NULL, outbox.event_id('ring-test', 'given')) IS NULL AS given_again_is_null;
+SELECT caller_event_id, count(*) FROM ring_ids WHERE topic = 'ring.ids' GROUP BY 1 ORDER BY 1;
+SELECT * FROM expect_error_fields($$INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload, caller_event_id)
+                                    VALUES (outbox.event_id('ring-test', 'says-generated'), 'ring.ids', 'g', outbox.lane_of('g', NULL), 'x', false)$$);
+
 -- Setup's state for any file after this one: 0.3.0, no events.
+DROP VIEW ring_ids;
 DROP FUNCTION public.expect_error_fields(text);
 DROP EXTENSION outbox;
 SELECT count(*) AS objects_left FROM pg_namespace WHERE nspname = 'outbox';

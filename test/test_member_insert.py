@@ -123,6 +123,17 @@ SHAPES = {
     "default": ("ALTER TABLE outbox.events_0 ALTER COLUMN target_partition SET DEFAULT 7",
                 "ALTER TABLE outbox.events_0 ALTER COLUMN target_partition DROP DEFAULT"),
     "another column": ("ALTER TABLE outbox.events_0 ADD COLUMN note text", "ALTER TABLE outbox.events_0 DROP COLUMN note"),
+    # Predicates other than exactly the event-id index's `WHERE caller_event_id`.
+    "partial index, the column negated": ("CREATE INDEX shape_idx ON outbox.events_0 (topic) WHERE NOT caller_event_id",
+                                          "DROP INDEX outbox.shape_idx"),
+    "partial index, the column IS TRUE": ("CREATE INDEX shape_idx ON outbox.events_0 (topic) WHERE caller_event_id IS TRUE",
+                                          "DROP INDEX outbox.shape_idx"),
+    "partial index, the column and more": ("CREATE INDEX shape_idx ON outbox.events_0 (topic) "
+                                           "WHERE caller_event_id AND key IS NULL", "DROP INDEX outbox.shape_idx"),
+    "caller_event_id default false": ("ALTER TABLE outbox.events_0 ALTER COLUMN caller_event_id SET DEFAULT false",
+                                      "ALTER TABLE outbox.events_0 ALTER COLUMN caller_event_id SET DEFAULT true"),
+    "caller_event_id nullable": ("ALTER TABLE outbox.events_0 ALTER COLUMN caller_event_id DROP NOT NULL",
+                                 "ALTER TABLE outbox.events_0 ALTER COLUMN caller_event_id SET NOT NULL"),
     "stamp with WHEN": ('DROP TRIGGER "~outbox_stamp" ON outbox.events_0; ' + STAMP.format(when="WHEN (true) "),
                         'DROP TRIGGER "~outbox_stamp" ON outbox.events_0; ' + STAMP.format(when="")),
 }
@@ -143,6 +154,8 @@ def test_a_member_of_another_shape_takes_the_statement(pg, shape):
             assert through_the_statement >= 1, f"with the {shape}, the event did not take the statement"
             if shape == "default":
                 assert pg.value("SELECT target_partition FROM outbox.events_0 WHERE event_id = %s", (event_id,)) == 7
+            # The statement says the id is enqueue's too (its default is for rows by hand).
+            assert pg.value("SELECT caller_event_id FROM outbox.events_0 WHERE event_id = %s", (event_id,)) is False
         finally:
             pg.sql(undo)
         c.execute("SELECT outbox.enqueue('shapes', 'k', 'x'::text)")
@@ -156,3 +169,48 @@ def test_the_members_indexes_hold_every_row_written_the_direct_way(pg):
     for index in pg.sql("SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'outbox.events_0'::regclass"):
         pg.sql("SELECT bt_index_check(%s::regclass, true)", (index[0],))
     assert pg.value("SELECT count(*) FROM outbox.events_0 WHERE topic = 'integrity'") == 3000
+
+
+# Per partial index (predicate `WHERE caller_event_id`) on outbox.events_0, a count only it can
+# answer by an index scan, which does not check the predicate again: a row wrongly given an entry
+# is counted.
+ENTRIES = {
+    "events_0_event_id_key": "SELECT count(event_id) FROM outbox.events_0 "
+                             "WHERE caller_event_id AND event_id > '00000000-0000-0000-0000-000000000000'",
+    "caller_topic_idx": "SELECT count(topic) FROM outbox.events_0 WHERE caller_event_id AND topic > ''",
+}
+
+
+def index_entries(c, index):
+    c.execute("SET enable_seqscan = off")
+    c.execute("SET enable_bitmapscan = off")
+    try:
+        plan = "\n".join(r[0] for r in c.execute("EXPLAIN " + ENTRIES[index]).fetchall())
+        assert index in plan, plan
+        return c.execute(ENTRIES[index]).fetchone()[0]
+    finally:
+        c.execute("RESET enable_seqscan")
+        c.execute("RESET enable_bitmapscan")
+
+
+def test_the_direct_way_gives_a_generated_id_no_entry_in_a_caller_id_index(pg):
+    """The member's event-id index is partial (WHERE caller_event_id, schema 0.4.1): the direct way
+    writes a generated id's row with caller_event_id false and inserts no entry for it, as the
+    executor, evaluating the predicate, would not; so too for any other index with exactly that
+    predicate. A caller's id (the statement) has its entries."""
+    pg.sql("CREATE INDEX caller_topic_idx ON outbox.events_0 (topic) WHERE caller_event_id")
+    try:
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="postgres", dbname="postgres", autocommit=True) as c:
+            before = {index: index_entries(c, index) for index in ENTRIES}
+            c.execute("SELECT pg_stat_statements_reset()")
+            generated = [c.execute("SELECT outbox.enqueue('entries', 'k', 'x'::text)").fetchone()[0] for _ in range(50)]
+            assert member_statements(c) == 0, "the member with the second partial index took the statement"
+            caller = c.execute("SELECT outbox.enqueue('entries', 'k', 'x'::text, NULL, %s)",
+                               (str(uuid.uuid4()),)).fetchone()[0]
+            assert member_statements(c) == 1
+            assert c.execute("SELECT caller_event_id, count(*) FROM outbox.events_0 WHERE event_id = ANY(%s) "
+                             "GROUP BY 1 ORDER BY 1", (generated + [caller],)).fetchall() == [(False, 50), (True, 1)]
+            for index, count in before.items():
+                assert index_entries(c, index) == count + 1, index
+    finally:
+        pg.sql("DROP INDEX outbox.caller_topic_idx")

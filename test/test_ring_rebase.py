@@ -47,9 +47,10 @@ def ring_relay(mock_cluster, make_relay):
     return make
 
 
+@pytest.mark.parametrize("version", ["0.4.0", "0.4.1"])  # 0.4.1: caller_event_id in the dump
 @pytest.mark.parametrize("into", ["another cluster", "the same cluster"])
 def test_a_restored_dump_publishes_what_was_pending_once_and_nothing_published_again(mock_cluster, make_relay,
-                                                                                     tmp_path, into):
+                                                                                     tmp_path, into, version):
     """A database on 0.4.0 with events published, pending in two ring members, failed,
     quarantined and retried (pending in event_state), dumped with its relay stopped and restored
     into a database that has CREATE EXTENSION outbox VERSION '0.4.0' already (pg_dump's CREATE
@@ -59,8 +60,7 @@ def test_a_restored_dump_publishes_what_was_pending_once_and_nothing_published_a
     re-bases its cursor first."""
     old = make_relay(mock_cluster.bootstrap, database="shop", on_failed_event="skip", max_attempts=1,
                      kafka_properties="message.max.bytes=2000", max_payload_bytes="1MB",
-                     allowed_topics="orders,billing")
-    old.sql("ALTER EXTENSION outbox UPDATE TO '0.4.0'")  # events_0 is 0.3.0's table renamed
+                     allowed_topics="orders,billing", create_extension=version)
     old.wait_workers_running(1)
     expected = enqueue(old, "orders", rows_for(60, 6))
     # Refused by the producer (over message.max.bytes): failed at once (max_attempts = 1).
@@ -102,7 +102,7 @@ def test_a_restored_dump_publishes_what_was_pending_once_and_nothing_published_a
         new.sql('DROP DATABASE "shop"', dbname="postgres")
         new.sql('CREATE DATABASE "shop"', dbname="postgres")
         new.set(kafka_properties="", allowed_topics="")
-    new.sql("CREATE EXTENSION outbox VERSION '0.4.0'")
+    new.sql(f"CREATE EXTENSION outbox VERSION '{version}'")
     subprocess.run(["pg_restore", "-h", new.tmp, "-p", str(new.port), "-U", "postgres", "-d", "shop",
                     "--exit-on-error", str(dump)], check=True)
     assert new.sql("SELECT order_lsn::text, system_identifier FROM outbox.cursors") == old_cursor

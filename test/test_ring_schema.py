@@ -7,7 +7,10 @@ its claim on the ring is tested in test_ring_relay.py."""
 
 import json
 import os
+import re
+import subprocess
 import threading
+import time
 import uuid
 
 import psycopg
@@ -17,7 +20,10 @@ import yaml
 from harness.pg_cluster import PgCluster
 from harness.wait import wait_until
 
-RING = "ring"   # CREATE EXTENSION outbox VERSION '0.4.0'
+# The default version (0.4.1: the ring, with event-id index entries for caller ids only).
+with open(os.path.join(os.path.dirname(__file__), "..", "outbox.control")) as control:
+    DEFAULT_VERSION = re.search(r"^default_version = '(.*)'", control.read(), re.M).group(1)
+RING = "ring"   # CREATE EXTENSION outbox (the default version)
 OLD = "v030"    # CREATE EXTENSION outbox VERSION '0.3.0'
 MEMBERS = [f"events_{n}" for n in range(4)]
 # The contract's member columns, in order (events_0 is 0.3.0's table: same names, its own order).
@@ -25,7 +31,7 @@ MEMBER_COLUMNS = [("id", "bigint"), ("event_id", "uuid"), ("topic", "text"), ("k
                   ("lane", "smallint"), ("payload", "bytea"), ("headers", "jsonb"),
                   ("created_at", "timestamp with time zone"), ("order_lsn", "pg_lsn"), ("writer", "xid8"),
                   ("target_partition", "integer"), ("ce_content_type", "text"), ("ce_type", "text"),
-                  ("ce_source", "text")]
+                  ("ce_source", "text"), ("caller_event_id", "boolean")]
 # Every column of outbox.events, in the order a SELECT * shows them.
 VIEW_COLUMNS_SQL = ("SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute "
                     "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum")
@@ -36,7 +42,7 @@ READER = "ring_reader"
 @pytest.fixture(scope="module")
 def pg():
     with PgCluster(settings={"outbox.workers": "0"}, create_extension=False) as cluster:
-        for db, version in ((RING, "0.4.0"), (OLD, "0.3.0")):
+        for db, version in ((RING, None), (OLD, "0.3.0")):
             cluster.sql(f"CREATE DATABASE {db}")
             cluster.sql("CREATE EXTENSION outbox" + (f" VERSION '{version}'" if version else ""), dbname=db)
         cluster.sql(f"CREATE ROLE {HOSTILE} LOGIN")
@@ -75,15 +81,16 @@ def member_rows(pg, db, member="events_0"):
 
 
 def test_the_ring_is_the_default_version(pg):
-    assert pg.value("SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'") == "0.4.0"
+    assert pg.value("SELECT default_version FROM pg_available_extensions WHERE name = 'outbox'") == DEFAULT_VERSION
+    assert DEFAULT_VERSION == "0.4.1"
     db = fresh_database(pg)
-    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == "0.4.0"
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=db) == DEFAULT_VERSION
     assert pg.value("SELECT relkind::text FROM pg_class WHERE oid = 'outbox.events'::regclass", dbname=db) == "v"
     pg.sql(f"DROP DATABASE {db}")
 
 
 def test_versions_of_the_two_databases(pg):
-    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=RING) == "0.4.0"
+    assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=RING) == DEFAULT_VERSION
     assert pg.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'", dbname=OLD) == "0.3.0"
 
 
@@ -107,6 +114,7 @@ def test_members_have_the_contracts_columns_and_indexes(pg):
                          "WHERE indrelid = %s::regclass ORDER BY 1", (f"outbox.{member}",), dbname=RING)
         assert [(i[0], i[1]) for i in indexes] == [(f"outbox.{member}_event_id_key", True),
                                                      (f"outbox.{member}_order_idx", False)]
+        assert indexes[0][2].endswith("USING btree (event_id) WHERE caller_event_id"), indexes[0][2]
         assert indexes[1][2].endswith("(order_lsn, id)")
         triggers = pg.sql("SELECT tgname::text, tgenabled::text FROM pg_trigger WHERE tgrelid = %s::regclass "
                           "AND NOT tgisinternal ORDER BY 1", (f"outbox.{member}",), dbname=RING)
@@ -144,6 +152,160 @@ def test_caller_event_id_is_deduplicated(pg):
     assert first == given and again is None
     assert pg.sql("SELECT convert_from(payload, 'UTF8') FROM outbox.events_0 WHERE topic = %s", (topic,),
                   dbname=RING) == [("a",)]
+
+
+def uuid_v7():
+    """An id of the kind enqueue generates (RFC 9562 version 7)."""
+    raw = bytearray(int(time.time() * 1000).to_bytes(6, "big") + os.urandom(10))
+    raw[6] = 0x70 | (raw[6] & 0x0F)
+    raw[8] = 0x80 | (raw[8] & 0x3F)
+    return uuid.UUID(bytes=bytes(raw))
+
+
+def index_entries(c, member="events_0"):
+    """The entries of the member's event-id index, read by an index-only scan of it: the scan
+    returns what the index holds (its predicate is not checked again), so a row wrongly given an
+    entry is counted."""
+    c.execute("SET enable_seqscan = off")
+    c.execute("SET enable_bitmapscan = off")
+    try:
+        query = f"SELECT count(*) FROM outbox.{member} WHERE caller_event_id"
+        plan = "\n".join(r[0] for r in c.execute("EXPLAIN " + query).fetchall())
+        assert f"{member}_event_id_key" in plan, plan
+        return c.execute(query).fetchone()[0]
+    finally:
+        c.execute("RESET enable_seqscan")
+        c.execute("RESET enable_bitmapscan")
+
+
+def test_only_a_callers_event_id_gets_an_index_entry(pg):
+    """0.4.1: a row whose id enqueue generated says so (caller_event_id false) and gets no entry in
+    the member's unique index on event_id (partial, WHERE caller_event_id): whichever way enqueue
+    wrote it (straight into the member, or its statement when an owner's trigger is on the
+    member). A caller's id, a row written by hand through the view, an INSERT or a COPY into the
+    member (caller_event_id left out: true) have one, and stay unique. On 0.4.0 (the same library)
+    every row had one: the index grows there with the same events."""
+    db, old = fresh_database(pg), fresh_database(pg, "0.4.0")
+    for d in (db, old):
+        pg.sql("SELECT outbox.enqueue('ix', 'k' || g, 'x'::text) FROM generate_series(1, 2000) g", dbname=d)
+    with connect(pg, db) as c:
+        # The statement's way for a generated id: an owner's trigger on the member.
+        c.execute("CREATE FUNCTION public.noop() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$")
+        c.execute("CREATE TRIGGER noop AFTER INSERT ON outbox.events_0 FOR EACH ROW EXECUTE FUNCTION public.noop()")
+        c.execute("SELECT outbox.enqueue('ix', 'k', 'by the statement'::text)")
+        c.execute("DROP TRIGGER noop ON outbox.events_0")
+        given = uuid.uuid4()
+        assert c.execute("SELECT outbox.enqueue('ix', 'k', 'x'::text, event_id => %s)", (given,)).fetchone()[0] == given
+        c.execute("INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                  "VALUES (gen_random_uuid(), 'ix', 'h', outbox.lane_of('h', NULL), 'view')")
+        c.execute("INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) "
+                  "VALUES (gen_random_uuid(), 'ix', 'h', outbox.lane_of('h', NULL), 'member')")
+        lane = c.execute("SELECT outbox.lane_of('h', NULL)").fetchone()[0]
+        with c.cursor().copy("COPY outbox.events_0 (event_id, topic, key, lane, payload) FROM STDIN") as copy:
+            copy.write_row((str(uuid.uuid4()), "ix", "h", lane, "copied"))
+        assert c.execute("SELECT caller_event_id, count(*) FROM outbox.events_0 GROUP BY 1 ORDER BY 1").fetchall() == [
+            (False, 2001), (True, 4)]
+        assert index_entries(c) == 4
+        # Nothing checks a generated id for uniqueness; a caller's is, by hand too (23505).
+        state, _ = refusal(c, "INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) "
+                              "VALUES (%s, 'ix', 'k', outbox.lane_of('k', NULL), 'again')", (given,))
+        assert state == "23505"
+        c.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+        for index in ("outbox.events_0_event_id_key", "outbox.events_0_order_idx"):
+            c.execute("SELECT bt_index_check(%s::regclass, true)", (index,))
+    # 4 entries: the metapage and one leaf. On 0.4.0 the 2,000 generated ids filled pages more.
+    one_leaf = 2 * 8192
+    assert pg.value("SELECT pg_relation_size('outbox.events_0_event_id_key')", dbname=db) == one_leaf
+    assert pg.value("SELECT pg_relation_size('outbox.events_0_event_id_key')", dbname=old) > 2 * one_leaf
+    for d in (db, old):
+        pg.sql(f"DROP DATABASE {d}")
+
+
+def test_dedup_covers_caller_ids_only_and_probes_by_the_index(pg):
+    """A caller's id is deduplicated in its member (ON CONFLICT ... WHERE caller_event_id), in the
+    other members after a rotation and under REPEATABLE READ (their partial indexes: the probes
+    name the predicate, so they are index scans, not scans of the members), and by the view's
+    INSERT (23505). An id enqueue generated is not: a caller who passes it gets a second event
+    with it (docs/sql-api.md "Duplicates")."""
+    db = fresh_database(pg)
+    # Enough rows that a probe by event_id is an index scan, not a scan of a one-page table.
+    pg.sql("SELECT outbox.enqueue('dd', 'k' || g, 'x'::text) FROM generate_series(1, 5000) g", dbname=db)
+    with connect(pg, db) as c:
+        generated = c.execute("SELECT outbox.enqueue('dd', 'k', 'generated'::text)").fetchone()[0]
+        assert c.execute("SELECT outbox.enqueue('dd', 'k', 'same id'::text, event_id => %s)",
+                         (generated,)).fetchone()[0] == generated
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE event_id = %s", (generated,)).fetchone()[0] == 2
+        given = uuid.uuid4()
+        assert c.execute("SELECT outbox.enqueue('dd', 'k', 'a'::text, event_id => %s)", (given,)).fetchone()[0] == given
+        assert c.execute("SELECT outbox.enqueue('dd', 'k', 'b'::text, event_id => %s)", (given,)).fetchone()[0] is None
+        # The current member moves on: events_0 is probed as an older member.
+        c.execute("SELECT outbox.purge(interval '0')")
+        assert c.execute("SELECT member FROM outbox.ring WHERE is_current").fetchone()[0] == 1
+        for level in ("READ COMMITTED", "REPEATABLE READ"):
+            c.execute(f"BEGIN ISOLATION LEVEL {level}")
+            scans = "SELECT pg_stat_get_xact_numscans('outbox.events_0'::regclass), " \
+                    "pg_stat_get_xact_numscans('outbox.events_0_event_id_key'::regclass)"
+            # (Counted around the call: PostgreSQL 15's "xact" counters also hold what earlier
+            # transactions of the session left unflushed.)
+            seq_before, index_before = c.execute(scans).fetchone()
+            assert c.execute("SELECT outbox.enqueue('dd', 'k', 'c'::text, event_id => %s)",
+                             (given,)).fetchone()[0] is None, level
+            # enqueue's own probes: a scan of events_0 would count in the first.
+            seq_scans, index_scans = (a - b for a, b in zip(c.execute(scans).fetchone(), (seq_before, index_before)))
+            assert seq_scans == 0 and index_scans >= 1, (level, seq_scans, index_scans)
+            state, _ = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                                  "VALUES (%s, 'dd', 'k', outbox.lane_of('k', NULL), 'by hand')", (given,))
+            assert state == "23505", level
+            c.execute("ROLLBACK")
+        # A generated id by hand through the view: not refused either. (The first generated id is a
+        # caller's now too: its second event is deduplicated, here 23505.)
+        other = c.execute("SELECT outbox.enqueue('dd', 'k', 'generated'::text)").fetchone()[0]
+        c.execute("INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                  "VALUES (%s, 'dd', 'k', outbox.lane_of('k', NULL), 'by hand')", (other,))
+        state, _ = refusal(c, "INSERT INTO outbox.events (event_id, topic, key, lane, payload) "
+                              "VALUES (%s, 'dd', 'k', outbox.lane_of('k', NULL), 'by hand')", (generated,))
+        assert state == "23505"
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE event_id = %s", (other,)).fetchone()[0] == 2
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE event_id = %s", (generated,)).fetchone()[0] == 2
+        assert c.execute("SELECT count(*) FROM outbox.events WHERE event_id = %s", (given,)).fetchone()[0] == 1
+    pg.sql(f"DROP DATABASE {db}")
+
+
+def write_member_row(c, path, columns, values):
+    if path == "insert":
+        c.execute(f"INSERT INTO outbox.events_0 ({columns}) VALUES (%s, %s, %s, %s, %s, %s)", values)
+    elif path == "insert_select":
+        c.execute(f"INSERT INTO outbox.events_0 ({columns}) SELECT * FROM "
+                  f"(VALUES (%s::uuid, %s, %s, %s::smallint, %s::bytea, %s::boolean)) v", values)
+    else:
+        with c.cursor().copy(f"COPY outbox.events_0 ({columns}) FROM STDIN") as copy:
+            copy.write_row(values)
+
+
+def test_a_row_says_generated_only_for_an_id_of_enqueues_kind(pg):
+    """caller_event_id false takes a row out of dedup: the stamp trigger lets a row written by hand
+    say so only for a version 7 id (the kind enqueue generates; a dump of a 0.4.1 database has
+    them), on every way into a member (INSERT, INSERT ... SELECT, COPY); 23514 naming the rule
+    and the column otherwise, and nothing goes in. (The view has no such column.)"""
+    db = fresh_database(pg)
+    with connect(pg, db) as c:
+        lane = c.execute("SELECT outbox.lane_of('k', NULL)").fetchone()[0]
+        columns = "event_id, topic, key, lane, payload, caller_event_id"
+        for path in ("insert", "insert_select", "copy"):
+            for event_id, good in ((uuid.uuid4(), False), (uuid.uuid1(), False), (uuid_v7(), True)):
+                values = (event_id, "gen", "k", lane, b"x", False)
+                if good:
+                    write_member_row(c, path, columns, values)
+                    continue
+                with pytest.raises(psycopg.Error) as caught:
+                    write_member_row(c, path, columns, values)
+                error = caught.value
+                assert error.sqlstate == "23514", (path, str(error))
+                assert (error.diag.constraint_name, error.diag.column_name) == (
+                    "events_generated_event_id_check", "caller_event_id"), str(error)
+        assert c.execute("SELECT count(*), bool_or(caller_event_id) FROM outbox.events_0").fetchone() == (3, False)
+        assert index_entries(c) == 0
+    pg.sql(f"DROP DATABASE {db}")
 
 
 def test_insert_by_hand_into_the_view(pg):
@@ -204,7 +366,7 @@ ROW_COLUMNS = [("event_id", "uuid"), ("topic", "text"), ("key", "text"), ("lane"
 def rules_db(pg):
     """A database of its own: a trigger of the owner's on events_0 (it sorts before the stamp) makes
     the row enqueue writes the bad one, after enqueue's own checks, when meddle.row is set."""
-    db = fresh_database(pg, "0.4.0")
+    db = fresh_database(pg)
     pg.sql("CREATE FUNCTION public.meddle() RETURNS trigger LANGUAGE plpgsql AS $$ "
            "BEGIN "
            "  IF current_setting('meddle.row', true) IS NULL OR current_setting('meddle.row') = '' THEN RETURN NEW; END IF; "
@@ -296,7 +458,9 @@ def test_a_good_row_goes_in_on_every_path_into_a_member(pg, rules_db):
 
 def test_update_delete_truncate_are_refused_and_change_nothing(pg):
     topic = "guard-" + uuid.uuid4().hex[:8]
-    pg.sql("SELECT outbox.enqueue(%s, 'k', 'a'::text)", (topic,), dbname=RING)
+    # A caller's id: its row is in the member's event-id index, which ON CONFLICT ... DO UPDATE
+    # below conflicts with.
+    pg.sql("SELECT outbox.enqueue(%s, 'k', 'a'::text, event_id => gen_random_uuid())", (topic,), dbname=RING)
     before = member_rows(pg, RING)
     with connect(pg, RING) as c:
         for statement in (f"UPDATE outbox.events SET key = 'z' WHERE topic = '{topic}'",
@@ -310,7 +474,7 @@ def test_update_delete_truncate_are_refused_and_change_nothing(pg):
                               f"DELETE FROM outbox.{member} WHERE topic = '{topic}'",
                               f"INSERT INTO outbox.{member} (event_id, topic, key, lane, payload) "
                               f"SELECT event_id, topic, key, lane, payload FROM outbox.{member} WHERE topic = '{topic}' "
-                              f"ON CONFLICT (event_id) DO UPDATE SET key = 'z'",
+                              f"ON CONFLICT (event_id) WHERE caller_event_id DO UPDATE SET key = 'z'",
                               f"TRUNCATE outbox.{member}"):
                 state, hint = refusal(c, statement)
                 assert state == "55000" and "outbox.retry()" in hint, statement
@@ -935,3 +1099,38 @@ def test_drop_extension_leaves_nothing(pg):
     pg.sql("DROP EXTENSION outbox", dbname=db)
     assert pg.value("SELECT count(*) FROM pg_namespace WHERE nspname = 'outbox'", dbname=db) == 0
     pg.sql(f"DROP DATABASE {db}")
+
+
+def test_a_dump_keeps_which_ids_are_callers_and_the_rebase_keeps_dedup(pg, tmp_path):
+    """pg_dump of a 0.4.1 database writes the members' caller_event_id (they are config-dumped), so
+    a restore into 0.4.1 keeps each row's choice: a caller's id indexed and deduplicated, a
+    generated one not (the stamp trigger takes the restored false for a version 7 id). The re-base
+    of the restored cursor copies every unpublished row into event_state, after which a caller's id
+    is still a duplicate. A 0.4.0 dump restored into 0.4.1 (no such column) gives every row true."""
+    for version in (None, "0.4.0"):
+        src, dst = fresh_database(pg, version), "r" + uuid.uuid4().hex[:10]
+        given = uuid.uuid4()
+        with connect(pg, src) as c:
+            generated = c.execute("SELECT outbox.enqueue('dump', 'k', 'g'::text)").fetchone()[0]
+            c.execute("SELECT outbox.enqueue('dump', 'k', 'c'::text, event_id => %s)", (given,))
+            # A relay's cursor of this system: restored elsewhere it is a foreign one (H6).
+            c.execute("INSERT INTO outbox.cursors (n_workers, worker, order_lsn, id, system_identifier, updated_at) "
+                      "SELECT 1, 0, r.order_lsn, 0, s.system_identifier, now() "
+                      "FROM outbox.ring_start r, pg_control_system() s")
+        dump = tmp_path / f"{src}.dump"
+        subprocess.run(["pg_dump", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-Fc", "-f", str(dump), src],
+                       check=True)
+        pg.sql(f"CREATE DATABASE {dst}")
+        pg.sql("CREATE EXTENSION outbox", dbname=dst)  # the default, 0.4.1, whatever the dump's version
+        subprocess.run(["pg_restore", "-h", pg.tmp, "-p", str(pg.port), "-U", "postgres", "-d", dst,
+                        "--data-only", "--exit-on-error", str(dump)], check=True)
+        want = [(generated, version is not None), (given, True)]  # 0.4.0's rows: true
+        with connect(pg, dst) as c:
+            assert c.execute("SELECT event_id, caller_event_id FROM outbox.events_0 ORDER BY id").fetchall() == want
+            assert index_entries(c) == (2 if version else 1)
+            c.execute("UPDATE outbox.cursors SET system_identifier = system_identifier + 1")
+            assert c.execute("SELECT rebased, copied FROM outbox.ring_rebase()").fetchone() == (1, 2)
+            assert c.execute("SELECT outbox.enqueue('dump', 'k', 'again'::text, event_id => %s)",
+                             (given,)).fetchone()[0] is None
+        for db in (src, dst):
+            pg.sql(f"DROP DATABASE {db}")

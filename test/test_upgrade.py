@@ -14,10 +14,10 @@ from harness.kafka_reader import read_topic
 from harness.lock_waits import InThread, waiting_on_lock
 from harness.wait import wait_until
 
-# Every released version an update starts from (0.1.0 goes through 0.2.0 and 0.3.0).
-OLD_VERSIONS = ("0.1.0", "0.2.0", "0.3.0")
+# Every released version an update starts from (0.1.0 goes through 0.2.0, 0.3.0 and 0.4.0).
+OLD_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0")
 # The versions this library does not publish from: its relay waits for the update. (It still
-# publishes from 0.3.0's table: a package upgrade stops no 0.3.0 relay.)
+# publishes from 0.3.0's table and 0.4.0's ring: a package upgrade stops no 0.3.0 or 0.4.0 relay.)
 WAITED_FOR_VERSIONS = ("0.1.0", "0.2.0")
 # The version an update ends at: the control file's default_version.
 with open(os.path.join(os.path.dirname(__file__), "..", "outbox.control")) as control:
@@ -231,20 +231,22 @@ def test_update_under_running_relay_publishes_every_event_once_in_order(mock_clu
     assert_in_kafka_once_in_order_where_recorded(mock_cluster, pg, enqueued)
 
 
-def test_update_from_0_3_0_under_a_publishing_relay_and_enqueues(mock_cluster, make_relay):
-    """0.3.0, the version before the ring: this library's relay publishes from its table, so it
-    goes on publishing up to the update and from the ring after it, two workers, while the
-    application enqueues throughout (an enqueue waits for the update). Every event reaches Kafka
-    once, in per-(topic, key) order, at the position recorded for it."""
+@pytest.mark.parametrize("old_version", ("0.3.0", "0.4.0"))
+def test_update_under_a_publishing_relay_and_enqueues(mock_cluster, make_relay, old_version):
+    """0.3.0, the version before the ring, and 0.4.0, the ring that indexed every event id: this
+    library's relay publishes from both, so it goes on publishing up to the update and from the
+    ring after it, two workers, while the application enqueues throughout (an enqueue waits for
+    the update). Every event reaches Kafka once, in per-(topic, key) order, at the position
+    recorded for it."""
     workers = 2
-    pg = make_relay(mock_cluster.bootstrap, workers=workers, create_extension="0.3.0")
+    pg = make_relay(mock_cluster.bootstrap, workers=workers, create_extension=old_version)
     pg.wait_workers_running(workers)
     enqueued = Enqueued()
     app = Enqueuer(pg, 0, enqueued)
     app.start()
     try:
         wait_until(lambda: pg.value("SELECT count(*) FROM outbox.events WHERE status = 'published'") >= 20, 60,
-                   "the relay publishing from 0.3.0's table")
+                   f"the relay publishing from {old_version}")
         update_while_the_application_enqueues(pg, app, True)
     finally:
         app.finish()
@@ -410,7 +412,10 @@ def test_updated_schema_equals_a_fresh_install(mock_cluster, make_relay, old_ver
     pg.sql(f"CREATE EXTENSION outbox VERSION '{old_version}'")
     # With rows in it, as an update meets the table: pending, failed and unkeyed.
     pg.sql("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb), outbox.enqueue('billing', NULL, 'x'::text)")
-    pg.sql("UPDATE outbox.events SET status = 'failed', attempts = 3, last_error = 'e' WHERE key IS NULL")
+    if old_version == "0.4.0":  # the view takes pending rows only: a caller's id instead
+        pg.sql("SELECT outbox.enqueue('billing', 'k', '{}'::jsonb, NULL, gen_random_uuid())")
+    else:
+        pg.sql("UPDATE outbox.events SET status = 'failed', attempts = 3, last_error = 'e' WHERE key IS NULL")
     pg.sql("ALTER EXTENSION outbox UPDATE")
     assert extension_version(pg) == NEW_VERSION
     pg.sql("CREATE DATABASE fresh", dbname="postgres")
@@ -419,3 +424,29 @@ def test_updated_schema_equals_a_fresh_install(mock_cluster, make_relay, old_ver
     updated, fresh = schema_of(pg, "postgres"), schema_of(pg, "fresh")
     for part in SCHEMA_QUERIES:
         assert updated[part] == fresh[part], f"{part} differ between the updated and a fresh install"
+
+
+def test_update_from_0_4_0_keeps_every_id_deduplicated_and_indexes_only_callers_after(make_relay, mock_cluster):
+    """0.4.0 -> 0.4.1: the rows already in the ring keep their event-id index entries
+    (caller_event_id true: they were all unique-checked), so every id enqueued before the update,
+    generated or given, is still a duplicate for a caller; after it, a generated id has no entry
+    (not deduplicated) and a caller's has one. Enqueue works on 0.4.0 with this library too."""
+    pg = make_relay(mock_cluster.bootstrap, workers=0, create_extension="0.4.0")
+    given_before = "a7c0f2a6-0000-4000-8000-000000000041"
+    with pg.connect() as c:
+        generated_before = c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text)::text").fetchone()[0]
+        assert c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, NULL, %s)::text",
+                         (given_before,)).fetchone()[0] == given_before
+        assert c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, NULL, %s)", (given_before,)).fetchone()[0] is None
+        # The same backend across the update: its kept plans and the member's shape follow it.
+        c.execute("ALTER EXTENSION outbox UPDATE")
+        assert extension_version(pg) == NEW_VERSION
+        assert c.execute("SELECT count(*) FILTER (WHERE caller_event_id), count(*) FROM outbox.events_0").fetchone() == (2, 2)
+        for old_id in (generated_before, given_before):
+            assert c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, NULL, %s)", (old_id,)).fetchone()[0] is None
+        generated_after = c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text)::text").fetchone()[0]
+        assert c.execute("SELECT caller_event_id FROM outbox.events_0 WHERE event_id = %s",
+                         (generated_after,)).fetchone()[0] is False
+        assert c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, NULL, %s)::text",
+                         (generated_after,)).fetchone()[0] == generated_after
+    assert pg.value("SELECT count(*) FROM outbox.events") == 4

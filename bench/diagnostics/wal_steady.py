@@ -1,4 +1,4 @@
-"""WAL per event under a steady load with the relay publishing as the events commit (0.4.0, the
+"""WAL per event under a steady load with the relay publishing as the events commit (the ring, 0.4.1, the
 default), against the Debezium outbox pattern and a plain INSERT at the same rate: what
 `wal_cost` (a backlog enqueued with the relay paused, then drained in large batches) does not
 show. Small batches cost the relay more per event: an `outbox.landed` row per batch and

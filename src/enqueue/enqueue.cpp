@@ -203,8 +203,12 @@ GeneratedEventId(uint8 out[UUID_LEN]) {
 
 // Two statements: ON CONFLICT DO NOTHING only where a duplicate can happen, i.e. for an id the
 // caller passed. A generated id (GeneratedEventId) cannot collide in practice, and a plain
-// INSERT skips the speculative insertion (its conflict pre-check and extra WAL record); should
-// one ever collide, the unique index still refuses it with an error instead of a silent drop.
+// INSERT skips the speculative insertion (its conflict pre-check and extra WAL record). On schema
+// 0.4.1 (caller_column) a generated id's row says so (caller_event_id false) and gets no entry in
+// the member's unique index on event_id, which is partial (WHERE caller_event_id): the caller's
+// statement names that predicate, for ON CONFLICT to infer the index and for the probes of the
+// other members to use theirs. On 0.4.0's member (a library newer than the schema) and 0.3.0's
+// table every id is in the unique index, which would refuse a generated id that collided.
 // Each in two shapes: with the id and commit-order stamp back (0.2.0), or without (a 0.1.0
 // table, which has no order_lsn, while an upgrade is under way). And with the envelope columns
 // only for an event that uses them (a partition, a CloudEvent), so the others insert as before.
@@ -212,10 +216,13 @@ GeneratedEventId(uint8 out[UUID_LEN]) {
 // member, whose stamp trigger sets order_lsn and writer; one set of plans per target, so an ALTER
 // EXTENSION UPDATE in this backend switches to the member's (queue_target.hpp notices it).
 SPIPlanPtr
-InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
-	static SPIPlanPtr plans[1 + outbox::kRingMembers][2][2][2] = {};
-	int target = member == outbox::kNoMember ? 0 : 1 + member;
-	SPIPlanPtr &plan = plans[target][caller_event_id ? 1 : 0][commit_order ? 1 : 0][envelope ? 1 : 0];
+InsertPlan(const outbox::QueueTarget &target, bool caller_event_id, bool commit_order, bool envelope) {
+	static SPIPlanPtr plans[1 + outbox::kRingMembers][2][2][2][2] = {};
+	int member = target.member;
+	bool caller_column = member != outbox::kNoMember && target.caller_column;
+	int slot = member == outbox::kNoMember ? 0 : 1 + member;
+	SPIPlanPtr &plan =
+	    plans[slot][caller_column ? 1 : 0][caller_event_id ? 1 : 0][commit_order ? 1 : 0][envelope ? 1 : 0];
 	if (plan == nullptr) {
 		Oid types[10] = {UUIDOID, TEXTOID, TEXTOID, INT2OID, BYTEAOID, JSONBOID, INT4OID, TEXTOID, TEXTOID, TEXTOID};
 		// Dedup of a caller's id across the ring (0.4.0): the other members are probed too (their
@@ -223,28 +230,35 @@ InsertPlan(int member, bool caller_event_id, bool commit_order, bool envelope) {
 		// after its member was emptied), in the statement's snapshot, so an id is deduplicated
 		// while outbox.events shows its event. Left open: two enqueues of one id at once around a
 		// rotation, each into another member, both commit (DESIGN.md "Retention").
-		char probe[640] = "";
+		StringInfoData probe;
+		initStringInfo(&probe);
 		if (caller_event_id && member != outbox::kNoMember) {
 			const char *tables[outbox::kEventIdTables];
 			int n = outbox::EventIdTables(member, tables);
-			size_t used = 0;
 			for (int i = 0; i < n; i++) {
-				used += size_t(snprintf(probe + used, sizeof(probe) - used,
-				                        "%s NOT EXISTS (SELECT FROM outbox.%s o WHERE o.event_id = $1) ",
-				                        i == 0 ? "WHERE" : "AND", tables[i]));
+				appendStringInfoString(&probe, i == 0 ? "WHERE NOT EXISTS (" : "AND NOT EXISTS (");
+				outbox::AppendEventIdProbe(&probe, tables[i], caller_column);
+				appendStringInfoString(&probe, ") ");
 			}
 		}
-		char query[1400];
-		snprintf(query, sizeof(query),
-		         "INSERT INTO outbox.%s (event_id, topic, key, lane, payload, headers%s) "
-		         "%s$1, $2, $3, $4, $5, $6%s%s %s%s%s",
-		         outbox::RingMemberName(member), envelope ? ", target_partition, ce_content_type, ce_type, ce_source" : "",
-		         probe[0] ? "SELECT " : "VALUES (", envelope ? ", $7, $8, $9, $10" : "", probe[0] ? "" : ")", probe,
-		         caller_event_id ? "ON CONFLICT (event_id) DO NOTHING " : "", commit_order ? "RETURNING id, order_lsn" : "");
-		SPIPlanPtr p = SPI_prepare(query, envelope ? 10 : 6, types);
+		const char *conflict = !caller_event_id ? ""
+		                       : caller_column  ? "ON CONFLICT (event_id) WHERE caller_event_id DO NOTHING "
+		                                        : "ON CONFLICT (event_id) DO NOTHING ";
+		StringInfoData query;
+		initStringInfo(&query);
+		appendStringInfo(&query, "INSERT INTO outbox.%s (event_id, topic, key, lane, payload, headers%s%s) ",
+		                 outbox::RingMemberName(member),
+		                 envelope ? ", target_partition, ce_content_type, ce_type, ce_source" : "",
+		                 caller_column && !caller_event_id ? ", caller_event_id" : "");
+		appendStringInfo(&query, "%s$1, $2, $3, $4, $5, $6%s%s%s %s%s%s", probe.len > 0 ? "SELECT " : "VALUES (",
+		                 envelope ? ", $7, $8, $9, $10" : "", caller_column && !caller_event_id ? ", false" : "",
+		                 probe.len > 0 ? "" : ")", probe.data, conflict, commit_order ? "RETURNING id, order_lsn" : "");
+		SPIPlanPtr p = SPI_prepare(query.data, envelope ? 10 : 6, types);
 		if (p == nullptr) {
 			elog(ERROR, "outbox: could not prepare the enqueue statement: %s", SPI_result_code_string(SPI_result));
 		}
+		pfree(probe.data);
+		pfree(query.data);
 		SPI_keepplan(p);
 		plan = p;
 	}
@@ -554,11 +568,11 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	// A snapshot older than the statement (REPEATABLE READ, SERIALIZABLE) would not show an id
 	// another transaction committed since into another member: read it with the latest one.
 	if (caller_event_id && target.member != outbox::kNoMember && IsolationUsesXactSnapshot() &&
-	    outbox::RingKeepsEventId(values[0])) {
+	    outbox::RingKeepsEventId(values[0], target.caller_column)) {
 		SPI_finish();
 		PG_RETURN_NULL(); // a duplicate this transaction sees
 	}
-	int rc = SPI_execute_plan(InsertPlan(target.member, caller_event_id, commit_order, env.columns), values, nulls,
+	int rc = SPI_execute_plan(InsertPlan(target, caller_event_id, commit_order, env.columns), values, nulls,
 	                          false, 0);
 	// RETURNING only where the commit order needs the row's id and stamp: elsewhere SPI_processed
 	// says whether it was inserted, without a projection and a result tuple per call.

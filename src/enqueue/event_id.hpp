@@ -30,6 +30,13 @@ void UuidV5(const uint8_t ns[kUuidBytes], const void *const *name_parts, const s
 // gives smaller ids; commit order is order_lsn.
 void UuidV7(uint64_t unix_ms, const uint8_t random[10], uint8_t out[kUuidBytes]);
 
+// Whether `id` has UuidV7's version (7) and variant (10) bits: the kind of id enqueue generates.
+// (A caller may pass such an id too: this says nothing of who made it.)
+inline bool
+IsUuidV7(const uint8_t id[kUuidBytes]) {
+	return (id[6] >> 4) == 7 && (id[8] & 0xC0) == 0x80;
+}
+
 // Writes the netstring prefix "<length>:" of a part of `length` bytes into buf (at least 24
 // bytes) and returns its length. The event-id name is netstring(aggregate) netstring(discriminator)
 // where netstring(s) = "<byte length of s in decimal>:" s ",", so no two pairs share a name.

@@ -6,25 +6,32 @@
 //
 //   permissions             INSERT on the member for the current user (enqueue is SECURITY
 //                           DEFINER: its owner), as the executor checks it; nextval checks USAGE
-//   the columns' defaults   id = the sequence of its default (nextval), created_at = now(), the
-//                           other columns NULL: the member's defaults are checked to be exactly
-//                           those (MemberShape), not evaluated
+//   the columns' defaults   id = the sequence of its default (nextval), created_at = now(),
+//                           caller_event_id = false (given: the id is enqueue's; its default,
+//                           true, is for rows written by hand), the other columns NULL: the
+//                           member's defaults are checked to be exactly those (MemberShape), not
+//                           evaluated
 //   BEFORE INSERT trigger   "~outbox_stamp" (generation_stamp.cpp): the row rules
 //                           (CheckMemberValues), then the registration and the stamp
 //   NOT NULL                the columns that have it are the ones set here (MemberShape)
 //   heap insert             table_tuple_insert with the current command id (SPI would advance
 //                           the counter before its statement: the row is invisible to the rest
 //                           of the calling statement either way, and visible after it)
-//   index entries           index_insert into every btree ready for inserts, a unique one
-//                           checked as the executor checks it (UNIQUE_CHECK_YES: an ERROR on a
-//                           duplicate, a wait for an in-progress inserter of the same id)
+//   index entries           index_insert into every btree ready for inserts whose predicate the
+//                           row meets, a unique one checked as the executor checks it
+//                           (UNIQUE_CHECK_YES: an ERROR on a duplicate, a wait for an in-progress
+//                           inserter of the same id). The one predicate known is schema 0.4.1's
+//                           "WHERE caller_event_id" (the event-id index: only a caller's id has an
+//                           entry), which this row, with a generated id, does not meet
 //   end of the statement    CommandCounterIncrement, as SPI does after its statement
 //
 // It is taken only where those are all the steps there are (MemberShape, OpenIndexes): the
 // extension's columns, defaults and NOT NULLs, no identity or generated column, its stamp trigger
 // (its own function, no WHEN, no arguments, enabled ALWAYS) as the one INSERT trigger, no rule,
-// CHECK, row-level security or partition constraint, plain btree indexes (no expression,
-// predicate or deferred uniqueness), a read-write transaction outside parallel mode, and no
+// CHECK, row-level security or partition constraint, plain btree indexes (no expression, no
+// deferred uniqueness, no predicate but exactly `WHERE caller_event_id`, the column itself, which
+// is evaluated here as the executor would: the row's value), a read-write transaction outside
+// parallel mode, and no
 // ExecutorCheckPerms_hook (sepgsql, pgaudit's object audit see the statement). Every other shape
 // (an administrator's trigger on a member, say) takes the SPI statement, whose executor handles it.
 // Locks: RowExclusiveLock on the member and its indexes, to the end of the transaction.
@@ -56,7 +63,8 @@ namespace outbox {
 
 namespace {
 
-// A member's columns, as the extension makes them (sql/outbox--0.3.0--0.4.0.sql).
+// A member's columns, as the extension makes them (sql/outbox--0.3.0--0.4.0.sql, caller_event_id
+// since 0.4.1: a 0.4.0 member, before ALTER EXTENSION UPDATE, takes the statement).
 enum Column {
 	kId,
 	kEventId,
@@ -72,6 +80,7 @@ enum Column {
 	kCeContentType,
 	kCeType,
 	kCeSource,
+	kCallerEventId,
 	kColumnCount
 };
 
@@ -95,6 +104,7 @@ constexpr ColumnShape kColumns[kColumnCount] = {
     {"ce_content_type", TEXTOID, false},
     {"ce_type", TEXTOID, false},
     {"ce_source", TEXTOID, false},
+    {"caller_event_id", BOOLOID, true},
 };
 
 constexpr const char *kStampTrigger = "~outbox_stamp";
@@ -147,15 +157,15 @@ ColumnPositions(TupleDesc desc, int positions[kColumnCount]) {
 	return true;
 }
 
-// The member's defaults are the extension's: id's nextval of a sequence (returned) and
-// created_at's now(), no other.
+// The member's defaults are the extension's: id's nextval of a sequence (returned), created_at's
+// now() and caller_event_id's true, no other.
 bool
 ExtensionDefaults(TupleDesc desc, const int at[kColumnCount], Oid *sequence) {
 	TupleConstr *constr = desc->constr;
-	if (constr == nullptr || constr->num_defval != 2) {
+	if (constr == nullptr || constr->num_defval != 3) {
 		return false;
 	}
-	bool id = false, created_at = false;
+	bool id = false, created_at = false, caller_event_id = false;
 	for (int i = 0; i < constr->num_defval; i++) {
 		Node *expr = static_cast<Node *>(stringToNode(constr->defval[i].adbin));
 		auto *call = IsA(expr, FuncExpr) ? reinterpret_cast<FuncExpr *>(expr) : nullptr;
@@ -169,9 +179,12 @@ ExtensionDefaults(TupleDesc desc, const int at[kColumnCount], Oid *sequence) {
 			}
 		} else if (call != nullptr && attnum == at[kCreatedAt] + 1 && call->funcid == F_NOW && call->args == NIL) {
 			created_at = true;
+		} else if (IsA(expr, Const) && attnum == at[kCallerEventId] + 1) {
+			auto *value = reinterpret_cast<Const *>(expr);
+			caller_event_id = value->consttype == BOOLOID && !value->constisnull && DatumGetBool(value->constvalue);
 		}
 	}
-	return id && created_at;
+	return id && created_at && caller_event_id;
 }
 
 // The stamp, the extension's C function, with no WHEN and no arguments.
@@ -250,10 +263,23 @@ ShapeOf(Relation rel) {
 	return *slot;
 }
 
-// Opens the member's indexes as ExecOpenIndices does; false: one this path does not insert into
-// as the executor would (they stay locked, as the SPI statement would lock them).
+// Whether an index's predicate (BuildIndexInfo's: constant-folded, implicitly ANDed) is exactly
+// schema 0.4.1's `WHERE caller_event_id`: the member's column `caller_att` (0-based) itself.
 bool
-OpenIndexes(Relation rel, Relation *indexes, IndexInfo **infos, int *count) {
+IsCallerIdPredicate(const List *predicate, int caller_att) {
+	if (list_length(predicate) != 1 || !IsA(linitial(predicate), Var)) {
+		return false;
+	}
+	const Var *var = static_cast<const Var *>(linitial(predicate));
+	return var->varno == 1 && var->varattno == caller_att + 1 && var->varlevelsup == 0 && var->vartype == BOOLOID;
+}
+
+// Opens the member's indexes as ExecOpenIndices does; false: one this path does not insert into
+// as the executor would (they stay locked, as the SPI statement would lock them). An index with
+// a predicate is one only when the predicate is `WHERE caller_event_id` (IsCallerIdPredicate):
+// the caller then inserts into it only a row whose caller_event_id is true.
+bool
+OpenIndexes(Relation rel, int caller_att, Relation *indexes, IndexInfo **infos, int *count) {
 	List *oids = RelationGetIndexList(rel);
 	*count = 0;
 	bool plain = list_length(oids) <= kMaxIndexes;
@@ -267,7 +293,8 @@ OpenIndexes(Relation rel, Relation *indexes, IndexInfo **infos, int *count) {
 		indexes[*count] = index;
 		infos[*count] = info;
 		(*count)++;
-		plain = index->rd_rel->relam == BTREE_AM_OID && info->ii_Expressions == NIL && info->ii_Predicate == NIL &&
+		plain = index->rd_rel->relam == BTREE_AM_OID && info->ii_Expressions == NIL &&
+		        (info->ii_Predicate == NIL || IsCallerIdPredicate(info->ii_Predicate, caller_att)) &&
 		        info->ii_ExclusionOps == nullptr && (!info->ii_Unique || index->rd_index->indimmediate);
 	}
 	list_free(oids);
@@ -326,7 +353,7 @@ InsertIntoMember(Oid member_rel, const MemberRowValues &row, int64 *id, XLogRecP
 	IndexInfo *infos[kMaxIndexes];
 	int n_indexes = 0;
 	if (!shape.direct || pg_class_aclcheck(member_rel, GetUserId(), ACL_INSERT) != ACLCHECK_OK ||
-	    !OpenIndexes(rel, indexes, infos, &n_indexes)) {
+	    !OpenIndexes(rel, shape.at[kCallerEventId], indexes, infos, &n_indexes)) {
 		CloseIndexes(indexes, n_indexes);
 		table_close(rel, NoLock);
 		return false;
@@ -357,6 +384,7 @@ InsertIntoMember(Oid member_rel, const MemberRowValues &row, int64 *id, XLogRecP
 	set(kCeContentType, row.ce_content_type, row.ce_content_type == Datum(0));
 	set(kCeType, row.ce_type, row.ce_type == Datum(0));
 	set(kCeSource, row.ce_source, row.ce_source == Datum(0));
+	set(kCallerEventId, BoolGetDatum(false)); // the id is enqueue's (this path takes no caller's)
 
 	// The stamp trigger's work, in its order: the rules on the row as given (they read no stamp
 	// column), then the registration, and only then the stamp (generation_stamp.cpp).
@@ -375,6 +403,10 @@ InsertIntoMember(Oid member_rel, const MemberRowValues &row, int64 *id, XLogRecP
 	for (int i = 0; i < n_indexes; i++) {
 		if (!infos[i]->ii_ReadyForInserts) {
 			continue; // being built concurrently: it takes the row in its own pass
+		}
+		// The predicate, evaluated: it is the row's caller_event_id (OpenIndexes let no other in).
+		if (infos[i]->ii_Predicate != NIL && !DatumGetBool(values[at[kCallerEventId]])) {
+			continue;
 		}
 		Datum key_values[INDEX_MAX_KEYS];
 		bool key_nulls[INDEX_MAX_KEYS];

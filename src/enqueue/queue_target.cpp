@@ -22,7 +22,7 @@ namespace {
 
 // The answer for the transaction cached_lxid; cached_lxid Invalid: look again.
 LocalTransactionId cached_lxid = InvalidLocalTransactionId;
-QueueTarget cached = {InvalidOid, false, kNoMember, InvalidOid};
+QueueTarget cached = {InvalidOid, false, kNoMember, InvalidOid, false};
 
 // What outlives a transaction: the names' OIDs and, on schema 0.4.0, the ring's current member.
 // Any relcache invalidation of one of these relations (a rename, a column change, a TRUNCATE of a
@@ -261,7 +261,7 @@ CurrentQueueTarget() {
 		if (!known.valid) {
 			LookUpNames();
 		}
-		QueueTarget t = {InvalidOid, false, kNoMember, InvalidOid};
+		QueueTarget t = {InvalidOid, false, kNoMember, InvalidOid, false};
 		t.events = known.events;
 		if (OidIsValid(t.events)) {
 			t.commit_order = known.events_commit_order;
@@ -269,6 +269,7 @@ CurrentQueueTarget() {
 				// Read afresh after a ROLLBACK TO SAVEPOINT gave the lock back.
 				t.member = LockCurrentRingMember(&t.member_rel, same_transaction);
 				t.commit_order = get_attnum(t.member_rel, "order_lsn") != InvalidAttrNumber; // under its lock
+				t.caller_column = get_attnum(t.member_rel, kCallerEventIdColumn) != InvalidAttrNumber;
 			}
 		}
 		cached = t;

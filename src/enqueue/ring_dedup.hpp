@@ -14,10 +14,17 @@ constexpr int kEventIdTables = 5;
 // Their names (static storage) but member `except`'s (kNoMember: all); returns how many.
 int EventIdTables(int except, const char *names[kEventIdTables]);
 
+// Appends "SELECT FROM outbox.<table> o WHERE o.event_id = $1", for a member of schema 0.4.1
+// (caller_column) with "AND o.caller_event_id": its unique index on event_id is partial, WHERE
+// caller_event_id, and only a probe that names the predicate can use it (and finds caller ids
+// only, which is what dedup covers; event_state's index has every id).
+void AppendEventIdProbe(StringInfo sql, const char *table, bool caller_column);
+
 // Whether a ring member or outbox.event_state holds an event with this id, read with the latest
 // snapshot. When the transaction's snapshot does not show that row (another transaction committed
 // it after this one's snapshot was taken), ERROR 40001, as an INSERT into 0.3.0's unique index
-// gave: retried, the transaction sees the event. With SPI connected.
-bool RingKeepsEventId(Datum event_id);
+// gave: retried, the transaction sees the event. With SPI connected. caller_column: the members
+// are of schema 0.4.1 (QueueTarget::caller_column), and only their caller ids count.
+bool RingKeepsEventId(Datum event_id, bool caller_column);
 
 } // namespace outbox

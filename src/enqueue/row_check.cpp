@@ -21,6 +21,8 @@
 #include "shared/boundary.hpp"
 #include "shared/cloudevents.hpp"
 #include "shared/kafka_names.hpp"
+#include "enqueue/event_id.hpp"
+#include "enqueue/queue_target.hpp"
 
 namespace {
 
@@ -282,6 +284,18 @@ CheckMemberValues(Relation rel, const Datum *values, const bool *nulls) {
 		row.nulls[column.arg] = null;
 	}
 	CheckRow(row, Site{RelationGetRelationName(rel)});
+	// Schema 0.4.1's caller_event_id (a 0.4.0 member has none): false says enqueue generated the
+	// id, and takes the row out of the member's unique index on event_id (WHERE caller_event_id),
+	// so out of dedup. Only an id of the kind enqueue generates (version 7) may say so: a row
+	// written by hand that sets it false for another id is refused rather than left unchecked.
+	int caller_att = SPI_fnumber(desc, outbox::kCallerEventIdColumn);
+	if (caller_att > 0 && TupleDescAttr(desc, caller_att - 1)->atttypid == BOOLOID && !nulls[caller_att - 1] &&
+	    !DatumGetBool(values[caller_att - 1]) && row.Given(kEventId) &&
+	    !outbox::IsUuidV7(DatumGetUUIDP(row.values[kEventId])->data)) {
+		Violates(Site{RelationGetRelationName(rel)}, "events_generated_event_id_check", outbox::kCallerEventIdColumn,
+		         "caller_event_id is false only for an event_id outbox.enqueue() generated (a version 7 UUID); "
+		         "leave it out (true: the id is deduplicated) for a row written by hand.");
+	}
 }
 
 } // namespace outbox

@@ -346,11 +346,11 @@ BeginStep(const char *activity) {
 
 	Oid ext = get_extension_oid("outbox", true);
 	Oid nsp = OidIsValid(ext) ? get_namespace_oid("outbox", true) : InvalidOid;
-	// Schema 0.4.0 (the insert-only queue's preview, ring_claim.cpp): outbox.events is a view
+	// Schema 0.4.0 or 0.4.1 (the insert-only queue, ring_claim.cpp): outbox.events is a view
 	// there, and the step locks and checks outbox.cursors instead. Read at every step, so the
 	// worker switches at the first step after an ALTER EXTENSION UPDATE TO '0.4.0'.
 	char *version = OidIsValid(nsp) ? ExtensionVersion(ext) : nullptr;
-	step_ring = version != nullptr && strcmp(version, kRingSchemaVersion) == 0;
+	step_ring = IsRingSchemaVersion(version);
 	Oid rel = OidIsValid(nsp) ? get_relname_relid(step_ring ? "cursors" : "events", nsp) : InvalidOid;
 	if (!OidIsValid(rel)) {
 		return AbandonStep(TableState::Missing);

@@ -670,6 +670,16 @@ TakeLockedState(SPITupleTable *candidates, int n_candidates, SPITupleTable *lock
 
 } // namespace
 
+bool
+IsRingSchemaVersion(const char *version) {
+	for (const char *ring_version : kRingSchemaVersions) {
+		if (version != nullptr && strcmp(version, ring_version) == 0) {
+			return true;
+		}
+	}
+	return false;
+}
+
 const char *
 RingTablesProblem(Oid ext, Oid nsp) {
 	static const char *const names[] = {"events_0", "events_1", "events_2", "events_3",
@@ -678,7 +688,7 @@ RingTablesProblem(Oid ext, Oid nsp) {
 		Oid rel = get_relname_relid(names[t], nsp);
 		if (!OidIsValid(rel) || get_rel_relkind(rel) != RELKIND_RELATION ||
 		    getExtensionOfObject(RelationRelationId, rel) != ext) {
-			return psprintf("table outbox.%s is missing or not the extension's own (schema 0.4.0); the relay does "
+			return psprintf("table outbox.%s is missing or not the extension's own (schema 0.4.0 on); the relay does "
 			                "not touch the ring",
 			                names[t]);
 		}

@@ -8,8 +8,14 @@
 
 namespace outbox {
 
-// The schema version whose outbox.events is a view over the ring.
-constexpr const char *kRingSchemaVersion = "0.4.0";
+// The schema versions whose outbox.events is a view over the ring: 0.4.0, and 0.4.1, whose
+// members only add caller_event_id and make their event-id index partial (nothing the relay
+// reads or writes: it publishes from either, so a package upgrade to 0.4.1 stops no relay before
+// ALTER EXTENSION UPDATE).
+constexpr const char *kRingSchemaVersions[] = {"0.4.0", "0.4.1"};
+
+// Whether `version` is one of kRingSchemaVersions.
+bool IsRingSchemaVersion(const char *version);
 // The last schema whose outbox.events is a table: the relay keeps publishing from it whatever
 // the default version is, so that a package upgrade does not stop a relay until the operator
 // runs ALTER EXTENSION UPDATE (older schemas are refused: their statements are not kept).
