@@ -21,11 +21,12 @@ SELECT outbox.enqueue('billing.invoices', 'inv-3', '{"other": true}'::jsonb, NUL
 SELECT count(*), min(convert_from(payload, 'UTF8')) FROM outbox.events
 WHERE event_id = 'a7c0f2a6-0000-4000-8000-000000000001';
 
--- Generated ids are RFC 9562 version 7: the Unix time in milliseconds first (between the clock
--- read before and after; the later id's never below the earlier's), then random bits.
+-- Generated ids are RFC 9562 version 8, laid out as version 7 with outbox's mark: the Unix time in
+-- milliseconds first (between the clock read before and after; the later id's never below the
+-- earlier's), then version 8 and the mark 0b0, then random bits.
 CREATE TEMP TABLE made AS SELECT clock_timestamp() AS before, outbox.enqueue('t', NULL, 'x') AS a,
                                  outbox.enqueue('t', NULL, 'x') AS b, clock_timestamp() AS after;
-SELECT substr(a::text, 15, 1) AS version, substr(b::text, 15, 1) AS version_b,
+SELECT substr(a::text, 15, 4) AS version_and_mark, substr(b::text, 15, 4) AS version_and_mark_b,
        substr(a::text, 20, 1) IN ('8', '9', 'a', 'b') AS variant_ok,
        substr(a::text, 1, 13) <= substr(b::text, 1, 13) AS ms_in_order_made, a <> b AS distinct_ids,
        ('x' || substr(replace(a::text, '-', ''), 1, 12))::bit(48)::bigint

@@ -58,12 +58,13 @@ UuidV5(const uint8_t ns[kUuidBytes], const void *const *name_parts, const size_t
 }
 
 void
-UuidV7(uint64_t unix_ms, const uint8_t random[10], uint8_t out[kUuidBytes]) {
+GeneratedUuid(uint64_t unix_ms, const uint8_t random[8], uint8_t out[kUuidBytes]) {
 	for (int i = 0; i < 6; i++) {
 		out[i] = uint8_t(unix_ms >> (8 * (5 - i)));
 	}
-	memcpy(out + 6, random, 10);
-	out[6] = uint8_t((out[6] & 0x0F) | 0x70); // version 7
+	out[6] = uint8_t(0x80 | (kGeneratedIdMark >> 8)); // version 8, then the mark's 12 bits
+	out[7] = uint8_t(kGeneratedIdMark & 0xFF);
+	memcpy(out + 8, random, 8);
 	out[8] = uint8_t((out[8] & 0x3F) | 0x80); // variant 10xx
 }
 

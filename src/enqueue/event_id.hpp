@@ -1,6 +1,7 @@
 // Event ids: name-based UUIDs (RFC 9562 version 5, SHA-1) and the encoding of (aggregate,
-// discriminator) pairs used by outbox.event_id(); the time-ordered ids enqueue gives an event the
-// caller named none (version 7). Called from Postgres code only: UuidV5 may raise an ERROR.
+// discriminator) pairs used by outbox.event_id(); the time-ordered, marked ids enqueue gives an
+// event the caller named none (version 8). Called from Postgres code only: UuidV5 may raise an
+// ERROR.
 #pragma once
 
 #include <cstddef>
@@ -20,21 +21,25 @@ extern const uint8_t kEventIdNamespace[kUuidBytes];
 void UuidV5(const uint8_t ns[kUuidBytes], const void *const *name_parts, const size_t *part_lengths,
             size_t n_parts, uint8_t out[kUuidBytes]);
 
-// RFC 9562 section 5.7: the Unix time in milliseconds (48 bits, big-endian), version 7, variant
-// 10 and 74 bits of `random` (its bytes 0-9; the version and variant bits give way). Ids made in
-// later milliseconds sort after earlier ones, so each lands at the right edge of the event-id
-// index, as an identity's would, instead of on a random leaf (a page read, a split and, after a
-// checkpoint, a full-page image per event on a large member). No finer time than the millisecond
+// The ids enqueue generates for an event the caller named none: RFC 9562 version 8 (section 5.8,
+// the layout is ours), variant 10, laid out as version 7 is (the Unix time in milliseconds, 48
+// bits big-endian, first, so they sort by the millisecond they were made in) but with the 12 bits
+// after the version fixed to kGeneratedIdMark, then 62 bits of `random` (its bytes 0-7; the
+// variant bits give way). That mark is why: on schema 0.4.1 a generated id has no entry in the
+// event-id index and is not deduplicated, so one passed back to enqueue (or written by hand as a
+// caller's id) must be recognised and refused; a caller's own ids (version 5 from
+// outbox.event_id(), 4, 7 from any library) never carry it. No finer time than the millisecond
 // (a consumer reads the id: the sub-millisecond gap between two enqueues is the application's).
-// That order is not a contract: within a millisecond it is random, and a clock stepped back
+// The time order is not a contract: within a millisecond it is random, and a clock stepped back
 // gives smaller ids; commit order is order_lsn.
-void UuidV7(uint64_t unix_ms, const uint8_t random[10], uint8_t out[kUuidBytes]);
+constexpr unsigned kGeneratedIdMark = 0x0B0; // the id's text reads xxxxxxxx-xxxx-80b0-...
+void GeneratedUuid(uint64_t unix_ms, const uint8_t random[8], uint8_t out[kUuidBytes]);
 
-// Whether `id` has UuidV7's version (7) and variant (10) bits: the kind of id enqueue generates.
-// (A caller may pass such an id too: this says nothing of who made it.)
+// Whether `id` has GeneratedUuid's version, mark and variant: made by enqueue (or copied from
+// one it made: who may write such a row is the member's INSERT privilege, DESIGN.md).
 inline bool
-IsUuidV7(const uint8_t id[kUuidBytes]) {
-	return (id[6] >> 4) == 7 && (id[8] & 0xC0) == 0x80;
+IsGeneratedUuid(const uint8_t id[kUuidBytes]) {
+	return id[6] == (0x80 | (kGeneratedIdMark >> 8)) && id[7] == (kGeneratedIdMark & 0xFF) && (id[8] & 0xC0) == 0x80;
 }
 
 // Writes the netstring prefix "<length>:" of a part of `length` bytes into buf (at least 24

@@ -286,15 +286,26 @@ CheckMemberValues(Relation rel, const Datum *values, const bool *nulls) {
 	CheckRow(row, Site{RelationGetRelationName(rel)});
 	// Schema 0.4.1's caller_event_id (a 0.4.0 member has none): false says enqueue generated the
 	// id, and takes the row out of the member's unique index on event_id (WHERE caller_event_id),
-	// so out of dedup. Only an id of the kind enqueue generates (version 7) may say so: a row
-	// written by hand that sets it false for another id is refused rather than left unchecked.
+	// so out of dedup. The two go together, whoever writes the row: false only for an id with
+	// enqueue's mark (event_id.hpp), which no caller's id carries (enqueue refuses one), so a row
+	// written by hand cannot take a caller's id out of dedup; and true never for a marked id, so
+	// one copied from a record header cannot come back as a caller's (through the view, COPY).
 	int caller_att = SPI_fnumber(desc, outbox::kCallerEventIdColumn);
 	if (caller_att > 0 && TupleDescAttr(desc, caller_att - 1)->atttypid == BOOLOID && !nulls[caller_att - 1] &&
-	    !DatumGetBool(values[caller_att - 1]) && row.Given(kEventId) &&
-	    !outbox::IsUuidV7(DatumGetUUIDP(row.values[kEventId])->data)) {
-		Violates(Site{RelationGetRelationName(rel)}, "events_generated_event_id_check", outbox::kCallerEventIdColumn,
-		         "caller_event_id is false only for an event_id outbox.enqueue() generated (a version 7 UUID); "
-		         "leave it out (true: the id is deduplicated) for a row written by hand.");
+	    row.Given(kEventId)) {
+		bool generated = outbox::IsGeneratedUuid(DatumGetUUIDP(row.values[kEventId])->data);
+		bool caller = DatumGetBool(values[caller_att - 1]);
+		if (!caller && !generated) {
+			Violates(Site{RelationGetRelationName(rel)}, "events_generated_event_id_check", outbox::kCallerEventIdColumn,
+			         "caller_event_id is false only for an event_id outbox.enqueue() generated (version 8, "
+			         "...-80b0-...); leave it out (true: the id is deduplicated) for a row written by hand.");
+		}
+		if (caller && generated) {
+			Violates(Site{RelationGetRelationName(rel)}, "events_generated_event_id_check", "event_id",
+			         "An event_id outbox.enqueue() generated (version 8, ...-80b0-...) is not deduplicated and "
+			         "cannot be written as a caller's id; give the event an id of your own "
+			         "(outbox.event_id(aggregate, discriminator)).");
+		}
 	}
 }
 
