@@ -8,6 +8,7 @@ import os
 import re
 import threading
 
+import psycopg
 import pytest
 
 from harness.kafka_reader import read_topic
@@ -430,7 +431,8 @@ def test_update_from_0_4_0_keeps_every_id_deduplicated_and_indexes_only_callers_
     """0.4.0 -> 0.4.1: the rows already in the ring keep their event-id index entries
     (caller_event_id true: they were all unique-checked), so every id enqueued before the update,
     generated or given, is still a duplicate for a caller; after it, a generated id has no entry
-    (not deduplicated) and a caller's has one. Enqueue works on 0.4.0 with this library too."""
+    (not deduplicated, and refused when given back: 22023) and a caller's has one. Enqueue works on
+    0.4.0 with this library too."""
     pg = make_relay(mock_cluster.bootstrap, workers=0, create_extension="0.4.0")
     given_before = "a7c0f2a6-0000-4000-8000-000000000041"
     with pg.connect() as c:
@@ -447,6 +449,6 @@ def test_update_from_0_4_0_keeps_every_id_deduplicated_and_indexes_only_callers_
         generated_after = c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text)::text").fetchone()[0]
         assert c.execute("SELECT caller_event_id FROM outbox.events_0 WHERE event_id = %s",
                          (generated_after,)).fetchone()[0] is False
-        assert c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, NULL, %s)::text",
-                         (generated_after,)).fetchone()[0] == generated_after
-    assert pg.value("SELECT count(*) FROM outbox.events") == 4
+        with pytest.raises(psycopg.errors.InvalidParameterValue):  # not kept for dedup: refused
+            c.execute("SELECT outbox.enqueue('billing', 'k', 'x'::text, NULL, %s)::text", (generated_after,))
+    assert pg.value("SELECT count(*) FROM outbox.events") == 3
