@@ -2,15 +2,16 @@
 -- the ids callers give (DESIGN.md "The insert-only queue", "Event ids: only a caller's is
 -- indexed"). 0.4.0 gave every member row an entry in its member's unique index on event_id,
 -- though uniqueness is only asked of an id a caller passes (enqueue's dedup: NULL for a
--- duplicate). An id enqueue generates (RFC 9562 version 7: the millisecond, then 74 random bits)
+-- duplicate). An id enqueue generates (the millisecond, outbox's mark, 62 random bits: event_id.hpp)
 -- cannot collide in practice, and its entry was a quarter of the WAL the member wrote per event.
 --
 -- Each member gains caller_event_id: true (the default) for a row whose event_id was given to
 -- enqueue by its caller or written by hand (through the view, an INSERT or COPY into a member, a
 -- restore of a 0.4.0 dump): unique-checked as before; false only for a row whose id enqueue
--- generated, which only enqueue writes (the stamp trigger refuses false for an id that is not
--- version 7). The unique index on event_id becomes a partial one, WHERE caller_event_id, under its
--- old name. Rows already in the members keep true (they have their entries): no row is
+-- generated (the stamp trigger holds the column to the id's mark: false for another id is
+-- refused, a marked id left at the default is written false). The unique index on event_id becomes a partial one, WHERE caller_event_id, under its
+-- old name. Rows already in the members keep true (they have their entries, and stay
+-- deduplicated, their generated ids included): no row is
 -- rewritten, each member's index is built once more from its caller rows (the update holds the
 -- members' ACCESS EXCLUSIVE locks meanwhile: enqueues and the relay's claim wait for it).
 -- `CREATE EXTENSION outbox` gives it (through this script, at the end of the update chain), and

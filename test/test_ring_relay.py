@@ -169,7 +169,8 @@ def test_runbook_correct_a_poison_event_and_retry(mock_cluster, ring_relay):
         pg.sql("UPDATE outbox.events SET key = 'other' WHERE event_id = %s", (poison,))
     assert refused.value.sqlstate == "55000"
     with pg.connect() as c:
-        assert c.execute("UPDATE outbox.events SET payload = 'corrected' WHERE event_id = %s",
+        # README's runbook, step 2, verbatim but for the values.
+        assert c.execute("UPDATE outbox.events SET payload = 'corrected' WHERE event_id = %s AND status = 'failed'",
                          (poison,)).rowcount == 1
         assert c.execute("SELECT outbox.retry(%s)", (poison,)).fetchone() == (1,)
     pg.wait_published(23)
