@@ -848,9 +848,11 @@ class Bench:
         # Diagnostic: the same row INSERTed straight into the preview's current ring member
         # (outbox.events_0 in a new database: its stamp trigger with the row rules, and two indexes), to tell
         # the cost of the member from the cost of the function.
-        scripts["shape_040"] = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) VALUES "
-                                f"({common.UUID_V7_SQL}, 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
-                                f"convert_to((({payload})::jsonb)::text, 'UTF8'));")
+        # (An id of enqueue's, caller_event_id false: the row enqueue writes, one index entry.)
+        scripts["shape_040"] = (f"INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload, caller_event_id) "
+                                f"VALUES ({common.GENERATED_ID_SQL}, 'billing', 'sub-' || :sub, "
+                                f"outbox.lane_of('sub-' || :sub, NULL), convert_to((({payload})::jsonb)::text, 'UTF8'), "
+                                f"false);")
         files["shape_040"] = tmp / "shape_040.sql"
         files["shape_040"].write_text("\\set sub random(1, 100000)\n\\set amount random(100, 100000)\n"
                                       f"BEGIN;\n{business}\n{scripts['shape_040']}\nEND;\n")

@@ -214,6 +214,14 @@ UUID_V7_SQL = ("encode(set_byte(set_byte(overlay(uuid_send(gen_random_uuid()) PL
                "substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) "
                "FROM 1 FOR 6), 6, 112 + floor(random() * 16)::int), 8, 128 + floor(random() * 64)::int), 'hex')::uuid")
 
+# An event id as enqueue generates it since 0.4.1's library (src/enqueue/event_id.hpp): version 7's
+# layout under version 8 with outbox's mark (...-80b0-...). A row of enqueue's shape INSERTed by
+# hand into a 0.4.1 member with it says caller_event_id false, as enqueue's own does (no entry in
+# the event-id index); with UUID_V7_SQL it would be a caller's id, indexed.
+GENERATED_ID_SQL = ("encode(set_byte(set_byte(set_byte(overlay(uuid_send(gen_random_uuid()) PLACING "
+                    "substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) "
+                    "FROM 1 FOR 6), 6, 128), 7, 176), 8, 128 + floor(random() * 64)::int), 'hex')::uuid")
+
 # 0.4.1 since its event-id index holds caller ids only (the cells keep their 0.4.0 names,
 # outbox_040; this library writes 0.4.0's members through enqueue's statement, not directly).
 PREVIEW = "0.4.1"

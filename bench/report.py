@@ -2,7 +2,7 @@
 
 from common import median
 
-LABEL = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.0 (default)",
+LABEL = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.1 (default)",
          "outbox_040_1conn": "outbox 0.4.0, kafka_connections = 1", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
          "batched": "naive batched (ORDER BY created_at LIMIT 200)", "seed": "seed-style",
          "floor": "SQL floor: the relay's own claim + record (jit=off)",
@@ -135,9 +135,9 @@ def summarize(results):
                 target(f"{title}: outbox 0.3.0 vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
                        f"{o / t:.2f}x ({o:.0f} vs {t:.0f} events/s)", o / t >= 3, runs=min(n_o, n_t))
             if rt == rtt and t and p:
-                target(f"{title}: outbox 0.4.0 (default) vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
+                target(f"{title}: outbox 0.4.1 (default) vs tuned batched relay, one worker (RTT {rt} ms)", ">= 3x",
                        f"{p / t:.2f}x ({p:.0f} vs {t:.0f} events/s)", p / t >= 3, runs=min(n_p, n_t))
-        for system, version in (("outbox", " 0.3.0"), ("outbox_040", " 0.4.0 (default)")):
+        for system, version in (("outbox", " 0.3.0"), ("outbox_040", " 0.4.1 (default)")):
             o5, n5 = drain_rate(system, 1, 5, name)
             o20, n20 = drain_rate(system, 1, 20, name)
             if o5 and o20:
@@ -193,7 +193,7 @@ def summarize(results):
                    row["overhead_pct"] <= 10, _enqueue_note(row, "") + _per_run(row.get("overhead_pct_per_run")),
                    runs=row.get("runs"))
         if row.get("overhead_040_pct") is not None:
-            target(f"enqueue overhead, {clients} client(s), 0.4.0 (default)", "<= 10%",
+            target(f"enqueue overhead, {clients} client(s), 0.4.1 (default)", "<= 10%",
                    f"{row['overhead_040_pct']:.1f}%", row["overhead_040_pct"] <= 10,
                    _enqueue_note(row, "_040") + _per_run(row.get("overhead_040_pct_per_run")), runs=row.get("runs"))
     if mem and mem.get("memory"):
@@ -214,7 +214,7 @@ def summarize(results):
             continue
         growths = [r["growth_last_vs_middle_pct"] for r in x.get("runs") or [x]
                    if r.get("growth_last_vs_middle_pct") is not None]
-        version = {"outbox_040": ", 0.4.0 (default)", "outbox": ", 0.3.0"}.get(name, "")
+        version = {"outbox_040": ", 0.4.1 (default)", "outbox": ", 0.3.0"}.get(name, "")
         # Stopped growing = in every run, the last third's peak size is within 5% of the middle
         # third's (the bench's threshold; a median could hide a run that is still growing).
         target(f"table + index size under steady load with retention{version}", "stops growing",
@@ -224,7 +224,7 @@ def summarize(results):
                f"{x['peak_total_mb_middle_third']} -> {x['peak_total_mb_last_third']} MB",
                runs=len(growths), how=f"{len(growths)} runs")
     for checkpoint, row in (summary.get("wal_cost") or {}).items():
-        for shape, version in (("outbox", ", 0.3.0"), ("outbox_040", ", 0.4.0 (default)")):
+        for shape, version in (("outbox", ", 0.3.0"), ("outbox_040", ", 0.4.1 (default)")):
             o, d = row.get(shape), row.get("debezium")
             if o and d:
                 x = o["wal_bytes_per_event"] / d["wal_bytes_per_event"]
@@ -263,7 +263,7 @@ def summarize(results):
 
 
 WAL_CHECKPOINTS = {"shape": "a checkpoint before each shape", "steps": "a checkpoint before every step and mid-write"}
-WAL_SHAPES = {"outbox": "outbox 0.3.0 (enqueue, relay, purge)", "outbox_040": "outbox 0.4.0, the default (enqueue, relay, purge)", "debezium": "Debezium outbox pattern (INSERT + DELETE)",
+WAL_SHAPES = {"outbox": "outbox 0.3.0 (enqueue, relay, purge)", "outbox_040": "outbox 0.4.1, the default (enqueue, relay, purge)", "debezium": "Debezium outbox pattern (INSERT + DELETE)",
               "plain": "plain INSERT, bigint primary key"}
 WAL_HEADERS = ["checkpoint", "shape", "runs", "WAL B/event", "per step", "+ VACUUM", "vs Debezium",
                "FPI/event", "index inserts/event", "heap updates/event", "dead tuples/event", "autovacuums",
@@ -287,7 +287,7 @@ def wal_rows(s):
 
 HEADLINE_HEADERS = ["workload", "RTT ms", "runs", "outbox 0.3.0 events/s", "tuned batched events/s", "0.3.0 vs tuned (target >= 3x)",
                     "seen drained from outside: 0.3.0 / tuned", "0.3.0 vs its RTT 5 ms (target at 20 ms >= 80%)",
-                    "0.4.0 (default) events/s", "0.4.0 vs tuned (target >= 3x)", "0.4.0 vs its RTT 5 ms"]
+                    "0.4.1 (default) events/s", "0.4.0 vs tuned (target >= 3x)", "0.4.0 vs its RTT 5 ms"]
 
 
 def _pct(x):

@@ -8,8 +8,7 @@
 -- Each member gains caller_event_id: true (the default) for a row whose event_id was given to
 -- enqueue by its caller or written by hand (through the view, an INSERT or COPY into a member, a
 -- restore of a 0.4.0 dump): unique-checked as before; false only for a row whose id enqueue
--- generated (the stamp trigger holds the column to the id's mark: false for another id is
--- refused, a marked id left at the default is written false). The unique index on event_id becomes a partial one, WHERE caller_event_id, under its
+-- generated (the stamp trigger refuses false for an id without enqueue's mark). The unique index on event_id becomes a partial one, WHERE caller_event_id, under its
 -- old name. Rows already in the members keep true (they have their entries, and stay
 -- deduplicated, their generated ids included): no row is
 -- rewritten, each member's index is built once more from its caller rows (the update holds the

@@ -244,8 +244,8 @@ SELECT * FROM outbox.ring_rebase();
 -- it, nor deduplicated. Such an id carries enqueue's mark (version 8, ...-80b0-...): given again
 -- to enqueue or the view it is refused (22023, nothing written), so no second event shares it. A
 -- caller's id is deduplicated, once. A row written into a member by hand leaves the column out
--- (true) and is unique-checked; it may say false only for a marked id (23514 naming the rule),
--- and a marked id left at the default is written false (a 0.4.0 dump's rows, restored).
+-- (true) and is unique-checked; it may say false only for a marked id (23514 naming the rule); a
+-- marked id with true is indexed (enqueue made it before the update; a 0.4.0 dump's, restored).
 SELECT pg_get_indexdef('outbox.events_0_event_id_key'::regclass) AS event_id_index;
 SELECT outbox.enqueue('ring.ids', 'g', 'generated'::text) AS generated \gset
 CREATE TEMP VIEW ring_ids AS
@@ -266,6 +266,7 @@ SELECT * FROM expect_error_fields($$INSERT INTO outbox.events_0 (event_id, topic
 SELECT left(:'generated', 24) || '000000000001' AS marked \gset
 INSERT INTO outbox.events_0 (event_id, topic, key, lane, payload) VALUES (:'marked', 'ring.ids', 'g', outbox.lane_of('g', NULL), 'x');
 SELECT caller_event_id AS marked_id_left_at_default_reads FROM ring_ids WHERE event_id = :'marked';
+SELECT outbox.enqueue('ring.ids', 'g', 'again'::text, NULL, :'marked') IS NULL AS indexed_so_a_duplicate;
 SELECT caller_event_id, count(*) FROM ring_ids WHERE topic = 'ring.ids' GROUP BY 1 ORDER BY 1;
 
 -- Setup's state for any file after this one: 0.3.0, no events.

@@ -4,7 +4,7 @@ settings (fsync on), the extension at 0.4.0 and its relay off. Variants:
 
     plain      the same bytes into an ordinary table (the baseline)
     member     an INSERT straight into the current ring member (stamp trigger with the row rules,
-               2 indexes; its id time-ordered as enqueue's, common.UUID_V7_SQL)
+               its id enqueue's kind, common.GENERATED_ID_SQL)
     lookup     that INSERT plus outbox.current_ring_member() in the same statement (the ring
                look-up: what enqueue does before its INSERT, nothing else)
     nokey      outbox.enqueue() without a key (no commit-order work)
@@ -38,7 +38,7 @@ from harness.pg_cluster import PgCluster  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: pgbench_scripts
 from bench import pgbench_scripts  # noqa: E402
-from common import UUID_V7_SQL  # noqa: E402
+from common import GENERATED_ID_SQL  # noqa: E402
 
 CLIENTS = [int(c) for c in os.environ.get("CLIENTS", "1,4").split(",")]
 SECONDS = int(os.environ.get("SECONDS", "10"))
@@ -53,10 +53,11 @@ PAYLOAD = ("'{\"event\": \"invoice.paid\", \"invoice_id\": \"inv-' || :sub || '\
            "\"currency\": \"EUR\", \"period\": \"2026-11\"}'")
 # An INSERT straight into ring member `member` (events_0 as it is; the others this script reshapes
 # below to take one part away); stamp: the statement writes order_lsn and writer itself.
+# The id is enqueue's kind (caller_event_id false: no event-id index entry, as enqueue's row).
 def member_insert(member, stamp):
-    columns = "event_id, topic, key, lane, payload" + (", order_lsn, writer" if stamp else "")
-    values = (f"{UUID_V7_SQL}, 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
-              f"convert_to((({PAYLOAD})::jsonb)::text, 'UTF8')"
+    columns = "event_id, topic, key, lane, payload, caller_event_id" + (", order_lsn, writer" if stamp else "")
+    values = (f"{GENERATED_ID_SQL}, 'billing', 'sub-' || :sub, outbox.lane_of('sub-' || :sub, NULL), "
+              f"convert_to((({PAYLOAD})::jsonb)::text, 'UTF8'), false"
               + (", pg_current_wal_insert_lsn(), pg_current_xact_id()" if stamp else ""))
     return f"INSERT INTO outbox.events_{member} ({columns}) SELECT {values}"
 

@@ -202,6 +202,25 @@ GeneratedEventId(uint8 out[UUID_LEN]) {
 	outbox::GeneratedUuid(unix_ms, random, out);
 }
 
+// The INSERT statement of a generated id. While a schema update is under way it may reach the
+// view, whose INSERT trigger must take this id (ring_dedup.hpp EnqueueWritesGeneratedId): noted
+// for the statement only, an error included.
+int
+ExecuteWritingGeneratedId(SPIPlanPtr plan, Datum *values, const char *nulls, const pg_uuid_t *event_id) {
+	volatile int rc = 0;
+	outbox::EnqueueWritesGeneratedId(event_id);
+	PG_TRY();
+	{
+		rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	}
+	PG_FINALLY();
+	{
+		outbox::EnqueueWritesGeneratedId(nullptr);
+	}
+	PG_END_TRY();
+	return rc;
+}
+
 // Two statements: ON CONFLICT DO NOTHING only where a duplicate can happen, i.e. for an id the
 // caller passed. A generated id (GeneratedEventId) cannot collide in practice, and a plain
 // INSERT skips the speculative insertion (its conflict pre-check and extra WAL record). On schema
@@ -551,7 +570,7 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 	// still indexed (made before the update to 0.4.1), refused otherwise.
 	if (caller_event_id && target.caller_column && outbox::IsGeneratedUuid(event_id->data)) {
 		SPI_connect();
-		bool kept = outbox::RingKeepsEventId(values[0], true);
+		bool kept = outbox::RingKeepsEventId(values[0], true, true);
 		SPI_finish();
 		if (kept) {
 			PG_RETURN_NULL();
@@ -586,12 +605,9 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		SPI_finish();
 		PG_RETURN_NULL(); // a duplicate this transaction sees
 	}
-	// While a schema update is under way the statement may reach the view, whose INSERT trigger
-	// must take this generated id (RefuseGeneratedCallerId).
-	outbox::EnqueueWritesGeneratedId(caller_event_id ? nullptr : event_id);
-	int rc = SPI_execute_plan(InsertPlan(target, caller_event_id, commit_order, env.columns), values, nulls,
-	                          false, 0);
-	outbox::EnqueueWritesGeneratedId(nullptr);
+	SPIPlanPtr plan = InsertPlan(target, caller_event_id, commit_order, env.columns);
+	int rc = caller_event_id ? SPI_execute_plan(plan, values, nulls, false, 0)
+	                         : ExecuteWritingGeneratedId(plan, values, nulls, event_id);
 	// RETURNING only where the commit order needs the row's id and stamp: elsewhere SPI_processed
 	// says whether it was inserted, without a projection and a result tuple per call.
 	if (rc != (commit_order ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT)) {

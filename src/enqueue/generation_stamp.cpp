@@ -32,18 +32,17 @@ OUTBOX_SQL_FUNCTION(outbox_generation_stamp) {
 	// Before the registration: a refused row leaves nothing behind. The rules are the ring
 	// members' (schema outbox, the extension's own); a table of another schema with the trigger
 	// (the open-writer tests' generation tables) has the stamp columns only.
-	AttrNumber generated_id = InvalidAttrNumber; // caller_event_id, to write false (row_check.hpp)
 	if (RelationGetNamespace(rel) == get_namespace_oid("outbox", true)) {
-		generated_id = outbox::CheckMemberRow(rel, trigger->tg_trigtuple);
+		outbox::CheckMemberRow(rel, trigger->tg_trigtuple);
 	}
 	AttrNumber order_lsn, writer;
 	outbox::GenerationColumns(rel, &order_lsn, &writer);
-	int columns[3] = {order_lsn, writer, generated_id};
+	int columns[2] = {order_lsn, writer};
 	// The registration first: the stamp is read after it (open_writers.cpp).
 	XLogRecPtr stamp = outbox::StampOpenWriterRow();
-	Datum values[3] = {LSNGetDatum(stamp), FullTransactionIdGetDatum(GetTopFullTransactionId()), BoolGetDatum(false)};
-	bool nulls[3] = {false, false, false};
-	HeapTuple stamped = heap_modify_tuple_by_cols(trigger->tg_trigtuple, RelationGetDescr(rel),
-	                                              AttributeNumberIsValid(generated_id) ? 3 : 2, columns, values, nulls);
+	Datum values[2] = {LSNGetDatum(stamp), FullTransactionIdGetDatum(GetTopFullTransactionId())};
+	bool nulls[2] = {false, false};
+	HeapTuple stamped =
+	    heap_modify_tuple_by_cols(trigger->tg_trigtuple, RelationGetDescr(rel), 2, columns, values, nulls);
 	return PointerGetDatum(stamped);
 }

@@ -26,14 +26,15 @@ namespace {
 bool enqueue_writes = false;
 pg_uuid_t enqueue_writes_id;
 
-// One plan per member shape (0.4.0's, 0.4.1's): a backend outlives an ALTER EXTENSION UPDATE.
+// One plan per member shape (0.4.0's, 0.4.1's): a backend outlives an ALTER EXTENSION UPDATE;
+// and one of the members alone (RingKeepsEventId's members_only).
 SPIPlanPtr
-ProbePlan(bool caller_column) {
-	static SPIPlanPtr plans[2] = {};
-	SPIPlanPtr &plan = plans[caller_column ? 1 : 0];
+ProbePlan(bool caller_column, bool members_only) {
+	static SPIPlanPtr plans[2][2] = {};
+	SPIPlanPtr &plan = plans[caller_column ? 1 : 0][members_only ? 1 : 0];
 	if (plan == nullptr) {
 		const char *tables[kEventIdTables];
-		int n = EventIdTables(kNoMember, tables);
+		int n = EventIdTables(kNoMember, tables) - (members_only ? 1 : 0); // event_state is the last
 		StringInfoData sql;
 		initStringInfo(&sql);
 		for (int i = 0; i < n; i++) {
@@ -76,8 +77,8 @@ AppendEventIdProbe(StringInfo sql, const char *table, bool caller_column) {
 }
 
 bool
-RingKeepsEventId(Datum event_id, bool caller_column) {
-	SPIPlanPtr plan = ProbePlan(caller_column);
+RingKeepsEventId(Datum event_id, bool caller_column, bool members_only) {
+	SPIPlanPtr plan = ProbePlan(caller_column, members_only);
 	Datum values[1] = {event_id};
 	Snapshot latest = RegisterSnapshot(GetLatestSnapshot());
 	int rc = SPI_execute_snapshot(plan, values, nullptr, latest, InvalidSnapshot, true, false, 1);
@@ -112,10 +113,16 @@ EnqueueWritesGeneratedId(const pg_uuid_t *event_id) {
 	}
 }
 
+bool
+TakeEnqueueWrittenId(const pg_uuid_t *event_id) {
+	bool noted = enqueue_writes && memcmp(enqueue_writes_id.data, event_id->data, UUID_LEN) == 0;
+	enqueue_writes = false;
+	return noted;
+}
+
 void
 RefuseGeneratedCallerId(const pg_uuid_t *event_id) {
-	if (!IsGeneratedUuid(event_id->data) ||
-	    (enqueue_writes && memcmp(enqueue_writes_id.data, event_id->data, UUID_LEN) == 0)) {
+	if (!IsGeneratedUuid(event_id->data)) {
 		return;
 	}
 	ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -124,7 +131,8 @@ RefuseGeneratedCallerId(const pg_uuid_t *event_id) {
 	                errdetail("An id enqueue generates (version 8 with outbox's mark, ...-80b0-...) is not kept "
 	                          "for deduplication, so a second event with it could not be told from the first."),
 	                errhint("To make a retry idempotent, pass an id of your own from the first call on, such as "
-	                        "outbox.event_id(aggregate, discriminator).")));
+	                        "outbox.event_id(aggregate, discriminator); to forward an event of another outbox, "
+	                        "derive one from its id: outbox.event_id('<source>', event_id::text).")));
 }
 
 } // namespace outbox
@@ -137,10 +145,18 @@ OUTBOX_SQL_FUNCTION(outbox_ring_keeps_event_id) {
 	if (SPI_connect() != SPI_OK_CONNECT) {
 		elog(ERROR, "outbox: SPI_connect failed");
 	}
-	bool kept = outbox::RingKeepsEventId(event_id, caller_column);
+	// A generated id given by hand (RefuseGeneratedCallerId): a duplicate only while a member
+	// indexes it. The one enqueue's statement is writing (EnqueueWritesGeneratedId) is new: taken
+	// once, by the statement's own row.
+	bool generated = caller_column && outbox::IsGeneratedUuid(DatumGetUUIDP(event_id)->data);
+	if (generated && outbox::TakeEnqueueWrittenId(DatumGetUUIDP(event_id))) {
+		SPI_finish();
+		PG_RETURN_BOOL(false);
+	}
+	bool kept = outbox::RingKeepsEventId(event_id, caller_column, generated);
 	SPI_finish();
-	if (!kept && caller_column) {
-		outbox::RefuseGeneratedCallerId(DatumGetUUIDP(event_id)); // the view's: an id given by hand
+	if (!kept && generated) {
+		outbox::RefuseGeneratedCallerId(DatumGetUUIDP(event_id));
 	}
 	PG_RETURN_BOOL(kept);
 }

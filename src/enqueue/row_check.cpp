@@ -243,16 +243,16 @@ constexpr MemberColumn kMemberColumns[] = {
 
 namespace outbox {
 
-AttrNumber
+void
 CheckMemberRow(Relation rel, HeapTuple tuple) {
 	TupleDesc desc = RelationGetDescr(rel);
 	auto *values = static_cast<Datum *>(palloc(sizeof(Datum) * desc->natts));
 	auto *nulls = static_cast<bool *>(palloc(sizeof(bool) * desc->natts));
 	heap_deform_tuple(tuple, desc, values, nulls);
-	return CheckMemberValues(rel, values, nulls);
+	CheckMemberValues(rel, values, nulls);
 }
 
-AttrNumber
+void
 CheckMemberValues(Relation rel, const Datum *values, const bool *nulls) {
 	Row row;
 	for (int i = 0; i < kArgCount; i++) {
@@ -286,24 +286,18 @@ CheckMemberValues(Relation rel, const Datum *values, const bool *nulls) {
 	CheckRow(row, Site{RelationGetRelationName(rel)});
 	// Schema 0.4.1's caller_event_id (a 0.4.0 member has none): false says enqueue generated the
 	// id, and takes the row out of the member's unique index on event_id (WHERE caller_event_id),
-	// so out of dedup. It follows the id, whoever writes the row: false only for an id with
-	// enqueue's mark (event_id.hpp), which no caller's id carries (enqueue and the view refuse
-	// one), so a row written by hand cannot take a caller's id out of dedup: refused. A marked id
-	// left at the column's default (true: a row that does not say, such as a 0.4.0 dump's, made
-	// by this library before ALTER EXTENSION UPDATE) is written false, as enqueue wrote it.
+	// so out of dedup. Only an id with enqueue's mark (event_id.hpp) may say so, whoever writes
+	// the row: no caller's id carries the mark (enqueue and the view refuse one), so a row written
+	// by hand cannot take a caller's id out of dedup. A marked id with true is one enqueue made
+	// before the update to 0.4.1 (its row kept its entry), or a restored 0.4.0 dump's: indexed.
 	int caller_att = SPI_fnumber(desc, outbox::kCallerEventIdColumn);
-	if (caller_att <= 0 || TupleDescAttr(desc, caller_att - 1)->atttypid != BOOLOID || nulls[caller_att - 1] ||
-	    !row.Given(kEventId)) {
-		return InvalidAttrNumber;
-	}
-	bool generated = outbox::IsGeneratedUuid(DatumGetUUIDP(row.values[kEventId])->data);
-	bool caller = DatumGetBool(values[caller_att - 1]);
-	if (!caller && !generated) {
+	if (caller_att > 0 && TupleDescAttr(desc, caller_att - 1)->atttypid == BOOLOID && !nulls[caller_att - 1] &&
+	    !DatumGetBool(values[caller_att - 1]) && row.Given(kEventId) &&
+	    !outbox::IsGeneratedUuid(DatumGetUUIDP(row.values[kEventId])->data)) {
 		Violates(Site{RelationGetRelationName(rel)}, "events_generated_event_id_check", outbox::kCallerEventIdColumn,
 		         "caller_event_id is false only for an event_id outbox.enqueue() generated (version 8, "
 		         "...-80b0-...); leave it out (true: the id is deduplicated) for a row written by hand.");
 	}
-	return caller && generated ? AttrNumber(caller_att) : InvalidAttrNumber;
 }
 
 } // namespace outbox

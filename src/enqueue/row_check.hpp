@@ -7,13 +7,10 @@
 namespace outbox {
 
 // Refuses (23514, check_violation, naming the rule and the column) a new row of ring member `rel`
-// that breaks a rule; `tuple` is the row as the BEFORE INSERT triggers left it. Returns the
-// member's caller_event_id column when the row must say false and says true (an id enqueue
-// generated, the column left at its default: a restored 0.4.0 dump, COPY), else
-// InvalidAttrNumber: the stamp writes false there.
-AttrNumber CheckMemberRow(Relation rel, HeapTuple tuple);
+// that breaks a rule; `tuple` is the row as the BEFORE INSERT triggers left it.
+void CheckMemberRow(Relation rel, HeapTuple tuple);
 
 // The same for a row given as values and nulls by attribute (RelationGetDescr(rel)'s order).
-AttrNumber CheckMemberValues(Relation rel, const Datum *values, const bool *nulls);
+void CheckMemberValues(Relation rel, const Datum *values, const bool *nulls);
 
 } // namespace outbox
