@@ -44,9 +44,9 @@ def test_events_committed_during_a_linger_share_one_batch(mock_cluster, make_rel
 
 
 @pytest.mark.parametrize("schema, budget, payload", [
-    pytest.param("0.4.0", {"batch_size": 2}, "{}", id="ring-batch_size"),
+    pytest.param("0.4.1", {"batch_size": 2}, "{}", id="ring-batch_size"),
     # 1kB of payload, key and headers a claim: about two of these events each.
-    pytest.param("0.4.0", {"batch_max_bytes": "1kB"}, '{"pad": "%s"}' % ("x" * 600), id="ring-batch_max_bytes"),
+    pytest.param("0.4.1", {"batch_max_bytes": "1kB"}, '{"pad": "%s"}' % ("x" * 600), id="ring-batch_max_bytes"),
     pytest.param("0.3.0", {"batch_size": 2}, "{}", id="0.3.0-batch_size", marks=pytest.mark.schema("0.3.0")),
     pytest.param("0.3.0", {"batch_max_bytes": "1kB"}, '{"pad": "%s"}' % ("x" * 600), id="0.3.0-batch_max_bytes",
                  marks=pytest.mark.schema("0.3.0")),

@@ -894,6 +894,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	batch->n = 0;
 	batch->events = nullptr;
 	batch->cut = false;
+	batch->progressed = false;
 	*requeued = 0;
 	TableState state = BeginStep("outbox relay: claim");
 	if (state != TableState::Ready) {

@@ -41,10 +41,13 @@ struct Batch {
 	int n;
 	ClaimedEvent *events;
 	// The claim stopped at a budget (batch_size, batch_max_bytes, a hole's window), so rows may be
-	// waiting: the worker claims again at once instead of lingering (outbox.batch_linger). Only
-	// that: rows a session holds locked can make a claim cut with little taken, so an empty
-	// claim's sleep must never be skipped on it.
+	// waiting: the worker claims again at once instead of lingering (outbox.batch_linger). Not
+	// enough to skip an empty claim's sleep: rows a session holds locked can make a claim cut with
+	// nothing taken, again and again.
 	bool cut;
+	// The ring's empty claim moved its cursor or a hole's walk (RecordCursor): positions that only
+	// go forward, so a cut empty claim that progressed is followed at once without a loop.
+	bool progressed;
 };
 
 // What happened to each claimed event.

@@ -485,7 +485,7 @@ InsertState(const int64 *ids, const int16 *members, const XLogRecPtr *lsns, cons
 // committed hole, so each hole's rows up to there were consumed); an aborted hole is dropped; an
 // open writer of the view whose lowest stamp is at or below the new cursor becomes a hole (one
 // per xid): a row of it below the cursor is not visible in the snapshot the cursor passed it in.
-void
+bool
 RecordCursor(Position to, int hole_end) {
 	if (Before(to, ring.cursor)) {
 		to = ring.cursor;
@@ -538,13 +538,14 @@ RecordCursor(Position to, int hole_end) {
 		changed = true;
 	}
 	if (!changed) {
-		return;
+		return false;
 	}
 	Datum values[8] = {Int32GetDatum(ring.lanes.n_workers), Int32GetDatum(ring.lanes.worker),
 	                   LSNGetDatum(to.order_lsn),           Int64GetDatum(to.id),
 	                   step::ArrayOf(xids, n, XID8OID),     step::ArrayOf(froms, n, PG_LSNOID),
 	                   step::ArrayOf(walked_lsns, n, PG_LSNOID), step::ArrayOf(walked_ids, n, INT8OID)};
 	step::Execute("record", cursor_move_stmt, values, nullptr, SPI_OK_UPDATE);
+	return true;
 }
 
 // Where the cursor goes when the walk was not stopped: past the last row of (3) consumed, and to
@@ -970,7 +971,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		InsertState(held_ids, held_members, held_lsns, kinds, no_errors, n_held, 0);
 	}
 	if (batch->n == 0) {
-		RecordCursor(CursorAfterWalk(), ring.n_hole_walked); // committed by the caller's EndStep
+		batch->progressed = RecordCursor(CursorAfterWalk(), ring.n_hole_walked); // committed by the caller's EndStep
 	}
 }
 

@@ -1212,7 +1212,7 @@ RelayMain(Datum arg) {
 		// Wake-ups noted so far (commits during a linger) are served by this claim, whose snapshot
 		// is taken after: kept, they would end the next idle sleep at once for an empty claim.
 		TakeWakeRequest(slot);
-		Batch batch{0, nullptr, false};
+		Batch batch{0, nullptr, false, false};
 		int64 requeued = 0;
 		instr_time claim_start = MetricsNow();
 		TableState table = ClaimBatch(MyLanes(), batch_context, &batch, &requeued);
@@ -1228,6 +1228,11 @@ RelayMain(Datum arg) {
 		last_table_state = table;
 		if (batch.n == 0 && HeldBackForStandbys()) {
 			continue; // state 'waiting for standby'; the wait is at the top
+		}
+		if (batch.n == 0 && batch.cut && batch.progressed) {
+			error_steps = 0; // an empty claim cut short that moved on (held rows, a hole's window): on at once
+			NoteCycleSucceeded(slot, now);
+			continue;
 		}
 		if (batch.n == 0) {
 			error_steps = 0;
