@@ -287,7 +287,7 @@ def wal_rows(s):
 
 HEADLINE_HEADERS = ["workload", "RTT ms", "runs", "outbox 0.3.0 events/s", "tuned batched events/s", "0.3.0 vs tuned (target >= 3x)",
                     "seen drained from outside: 0.3.0 / tuned", "0.3.0 vs its RTT 5 ms (target at 20 ms >= 80%)",
-                    "0.4.1 (default) events/s", "0.4.0 vs tuned (target >= 3x)", "0.4.0 vs its RTT 5 ms"]
+                    "0.4.1 (default) events/s", "0.4.1 vs tuned (target >= 3x)", "0.4.1 vs its RTT 5 ms"]
 
 
 def _pct(x):
@@ -304,8 +304,8 @@ def headline_rows(s):
 
 ENQUEUE_HEADERS = ["clients", "INSERT + plain INSERT", "INSERT + outbox.enqueue()", "overhead",
                    "diag.: INSERT + INSERT into a copy of outbox.events", "its overhead",
-                   "0.4.0 db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.0)", "0.4.0 overhead",
-                   "diag.: INSERT + INSERT into the 0.4.0 ring member", "its overhead"]
+                   "0.4.1 db: INSERT + plain INSERT", "INSERT + outbox.enqueue() (0.4.1)", "0.4.1 overhead",
+                   "diag.: INSERT + INSERT into the 0.4.1 ring member", "its overhead"]
 
 
 def _enqueue_note(row, suffix):
