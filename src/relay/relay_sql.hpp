@@ -45,8 +45,10 @@ struct Batch {
 	// enough to skip an empty claim's sleep: rows a session holds locked can make a claim cut with
 	// nothing taken, again and again.
 	bool cut;
-	// The ring's empty claim moved its cursor or a hole's walk (RecordCursor): positions that only
-	// go forward, so a cut empty claim that progressed is followed at once without a loop.
+	// The ring's empty claim moved on through rows (RecordCursor): its walk passed rows (held
+	// behind their key), or a committed hole's walk went on. Each such claim passes rows that the
+	// next one does not read again, so a cut empty claim that progressed is followed at once
+	// without a loop; a cursor moved only to the WAL horizon is not progress.
 	bool progressed;
 };
 

@@ -485,12 +485,17 @@ InsertState(const int64 *ids, const int16 *members, const XLogRecPtr *lsns, cons
 // committed hole, so each hole's rows up to there were consumed); an aborted hole is dropped; an
 // open writer of the view whose lowest stamp is at or below the new cursor becomes a hole (one
 // per xid): a row of it below the cursor is not visible in the snapshot the cursor passed it in.
+// Returns whether the claim moved on through rows: the walk passed some (taken or held), or a
+// committed hole's walk went on or ended, or an aborted one was dropped. Not a move of the cursor
+// to the WAL horizon over no row, nor a new hole: those follow the WAL the cluster (and the claim
+// itself) writes, so a claim cut with nothing taken could repeat them without end.
 bool
 RecordCursor(Position to, int hole_end) {
 	if (Before(to, ring.cursor)) {
 		to = ring.cursor;
 	}
 	bool changed = Before(ring.cursor, to);
+	bool moved_on = ring.n_walked > 0;
 	bool consumed_all = hole_end == ring.n_hole_walked;
 	bool walked_all = ring.holes_walked && consumed_all;
 	// Every row of the committed holes up to walked_to was consumed: the last one consumed, or the
@@ -510,12 +515,12 @@ RecordCursor(Position to, int hole_end) {
 	for (int h = 0; h < ring.n_holes; h++) {
 		Hole hole = ring.holes[h];
 		if (hole.state == HoleState::Aborted || (hole.state == HoleState::Committed && walked_all)) {
-			changed = true;
+			changed = moved_on = true;
 			continue;
 		}
 		if (hole.state == HoleState::Committed && advanced && Before(hole.walked, walked_to)) {
 			hole.walked = walked_to;
-			changed = true;
+			changed = moved_on = true;
 		}
 		xids[n] = UInt64GetDatum(hole.xid);
 		froms[n] = LSNGetDatum(hole.from);
@@ -545,7 +550,7 @@ RecordCursor(Position to, int hole_end) {
 	                   step::ArrayOf(xids, n, XID8OID),     step::ArrayOf(froms, n, PG_LSNOID),
 	                   step::ArrayOf(walked_lsns, n, PG_LSNOID), step::ArrayOf(walked_ids, n, INT8OID)};
 	step::Execute("record", cursor_move_stmt, values, nullptr, SPI_OK_UPDATE);
-	return true;
+	return moved_on;
 }
 
 // Where the cursor goes when the walk was not stopped: past the last row of (3) consumed, and to
