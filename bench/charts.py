@@ -9,8 +9,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 COLORS = {"outbox": "tab:blue", "outbox_040": "tab:purple", "outbox_040_1conn": "tab:pink", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
           "outbox_jit_off": "tab:cyan", "tuned": "tab:green", "floor_delete": "black",
           "floor_update": "tab:gray", "floor_update2": "tab:brown"}
-NAMES = {"outbox": "outbox 0.3.0 relay", "outbox_040": "outbox 0.4.0 relay (default)",
-         "outbox_040_1conn": "outbox 0.4.0 relay, kafka_connections = 1", "batched": "naive batched relay", "seed": "seed-style relay",
+NAMES = {"outbox": "outbox 0.3.0 relay", "outbox_040": "outbox 0.4.x relay (0.4.1 the default)",
+         "outbox_040_1conn": "outbox 0.4.x relay, kafka_connections = 1", "batched": "naive batched relay", "seed": "seed-style relay",
          "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off",
          "tuned": "tuned batched relay", "floor_delete": "floor: claim + DELETE",
          "floor_update": "floor: claim + 1 UPDATE", "floor_update2": "floor: claim + 2 UPDATEs"}
@@ -167,7 +167,7 @@ def burst_drains(results, out):
 
 STEP_COLORS = {"enqueue": "tab:blue", "write": "tab:blue", "publish": "tab:orange", "purge": "tab:red",
                "vacuum": "tab:gray"}
-WAL_LABELS = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.0\n(default)", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
+WAL_LABELS = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.1\n(default)", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
 
 
 def wal_cost(results, out):

@@ -606,8 +606,11 @@ Enqueue(FunctionCallInfo fcinfo, PayloadKind kind) {
 		PG_RETURN_NULL(); // a duplicate this transaction sees
 	}
 	SPIPlanPtr plan = InsertPlan(target, caller_event_id, commit_order, env.columns);
-	int rc = caller_event_id ? SPI_execute_plan(plan, values, nulls, false, 0)
-	                         : ExecuteWritingGeneratedId(plan, values, nulls, event_id);
+	// Only a statement for 0.3.0's table can reach the view (ExecuteWritingGeneratedId); a member
+	// of another shape takes its own statement, which no view is in.
+	int rc = caller_event_id || target.member != outbox::kNoMember
+	             ? SPI_execute_plan(plan, values, nulls, false, 0)
+	             : ExecuteWritingGeneratedId(plan, values, nulls, event_id);
 	// RETURNING only where the commit order needs the row's id and stamp: elsewhere SPI_processed
 	// says whether it was inserted, without a projection and a result tuple per call.
 	if (rc != (commit_order ? SPI_OK_INSERT_RETURNING : SPI_OK_INSERT)) {
