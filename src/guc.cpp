@@ -112,6 +112,74 @@ outbox_check_tracestate(char **newval, void **extra, GucSource source) {
 	return CallFromPostgres("outbox_check_tracestate", CheckTracestate, newval, extra, source);
 }
 
+const struct config_enum_entry kDeliveries[] = {
+    {"at_least_once", int(Delivery::AtLeastOnce), false},
+    {"exactly_once", int(Delivery::ExactlyOnce), false},
+    {nullptr, 0, false},
+};
+
+// A name that goes into Kafka's transactional.id, a consumer group id and a prepared
+// transaction's gid (at most 200 bytes with the rest): letters, digits, '.', '_' and '-'.
+bool
+CheckKafkaName(char **newval, const char *what, int max_len) {
+	const char *value = *newval ? *newval : "";
+	size_t len = strlen(value);
+	bool ok = len > 0 && len <= size_t(max_len);
+	for (size_t i = 0; ok && i < len; i++) {
+		char c = value[i];
+		ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+		     c == '-';
+	}
+	if (!ok) {
+		GUC_check_errdetail("%s must be 1 to %d letters, digits, '.', '_' or '-'.", what, max_len);
+		return false;
+	}
+	return true;
+}
+
+bool
+CheckTransactionalIdPrefix(char **newval, void **, GucSource) {
+	return CheckKafkaName(newval, "outbox.transactional_id_prefix", 64);
+}
+
+bool
+CheckProgressTopic(char **newval, void **, GucSource) {
+	return CheckKafkaName(newval, "outbox.progress_topic", 249);
+}
+
+extern "C" bool
+outbox_check_transactional_id_prefix(char **newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_transactional_id_prefix", CheckTransactionalIdPrefix, newval, extra, source);
+}
+
+extern "C" bool
+outbox_check_progress_topic(char **newval, void **extra, GucSource source) {
+	return CallFromPostgres("outbox_check_progress_topic", CheckProgressTopic, newval, extra, source);
+}
+
+// Exactly-once delivery (DESIGN.md "Exactly once", docs/exactly-once.md). SIGHUP: how events
+// reach Kafka is the operator's decision; a change remakes each worker's producer between batches.
+void
+DefineDeliverySettings() {
+	DefineCustomEnumVariable("outbox.delivery", "How the relay delivers: at_least_once or exactly_once.",
+	                         "exactly_once: one Kafka transaction per batch, its Postgres record prepared before "
+	                         "the Kafka commit; consumers read with isolation.level=read_committed. Needs "
+	                         "max_prepared_transactions >= the relay's workers.",
+	                         &settings.delivery, int(Delivery::AtLeastOnce), kDeliveries, PGC_SIGHUP, 0, nullptr,
+	                         nullptr, nullptr);
+	DefineCustomStringVariable("outbox.transactional_id_prefix",
+	                           "exactly_once: the first part of each relay worker's Kafka transactional.id.",
+	                           "The id is <prefix>-<system identifier>-<database oid>-<workers>-<worker>; two "
+	                           "clusters made from one backup need different prefixes.",
+	                           &settings.transactional_id_prefix, "outbox", PGC_SIGHUP, 0,
+	                           outbox_check_transactional_id_prefix, nullptr, nullptr);
+	DefineCustomStringVariable("outbox.progress_topic",
+	                           "exactly_once: the Kafka topic whose partition 0 holds each worker's committed batch "
+	                           "count (a consumer group offset; no record is written to it).",
+	                           nullptr, &settings.progress_topic, "outbox.progress", PGC_SIGHUP, 0,
+	                           outbox_check_progress_topic, nullptr, nullptr);
+}
+
 const struct config_enum_entry kStandbyLsns[] = {
     {"flush", int(StandbyLsn::Flush), false},
     {"replay", int(StandbyLsn::Replay), false},
@@ -317,7 +385,11 @@ DefineSettings() {
 	                        &settings.statement_timeout_ms, 60000, 1, 3600000, PGC_SIGHUP, GUC_UNIT_MS, nullptr,
 	                        nullptr, nullptr);
 	DefineFailoverSettings();
+	DefineDeliverySettings();
 #ifdef OUTBOX_TEST_SEAMS
+	DefineCustomStringVariable("outbox.test_crash_at", "Test only: crash the relay at this point of an exactly_once batch.",
+	                           nullptr, &settings.test_crash_at, "", PGC_SIGHUP,
+	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);
 	DefineCustomStringVariable("outbox.test_crash_after_ack", "Test only: crash the relay after this event is acked.",
 	                           nullptr, &settings.test_crash_after_ack, "", PGC_SIGHUP,
 	                           GUC_SUPERUSER_ONLY | GUC_NO_SHOW_ALL | GUC_NOT_IN_SAMPLE, nullptr, nullptr, nullptr);

@@ -28,6 +28,8 @@
 
 #include "kafka/connect_error.hpp"
 #include "kafka/kafka_reserved.hpp"
+#include "kafka/kafka_transactions.hpp"
+#include "kafka/producer_handle.hpp"
 #include "shared/no_postgres.hpp"
 #include "kafka/secret_mask.hpp"
 
@@ -200,6 +202,17 @@ RefuseReserved(const Properties &properties, std::string *error) {
 	return true;
 }
 
+bool
+IsTransactional(const ProducerConfig &config) {
+	return config.transactional_id != nullptr && config.transactional_id[0] != '\0';
+}
+
+// A Kafka transaction made of one batch (kafka_transactions.hpp): one handle.
+int
+HandleCount(const ProducerConfig &config) {
+	return IsTransactional(config) ? 1 : std::max(1, config.connections);
+}
+
 // The whole librdkafka configuration of a producer, made from nothing but `config`: the one
 // list both CreateProducer and ConfigDiffers use.
 bool
@@ -235,6 +248,10 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	own("socket.nagle.disable", "true");
 	// Room for the largest event enqueue accepts plus record overhead (user-settable).
 	own("message.max.bytes", std::to_string(std::max(1000000L, long(config.max_event_bytes) + 65536L)));
+	if (IsTransactional(config)) {
+		own("transactional.id", config.transactional_id);
+		own("transaction.timeout.ms", std::to_string(TransactionTimeoutMs(config.message_timeout_ms)));
+	}
 	return ParseUserProperties(config.extra_properties, out, error) &&
 	       ParsePropertiesFile(config.properties_file, out, error) && RefuseReserved(*out, error);
 }
@@ -498,6 +515,7 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	config.bootstrap_servers = nullptr;
 	config.extra_properties = nullptr;
 	config.properties_file = nullptr;
+	config.transactional_id = nullptr;
 	if (!BuildProperties(from, &properties, error)) {
 		return false;
 	}
@@ -546,7 +564,7 @@ Producer::Init(const ProducerConfig &from, std::string *error) {
 	rd_kafka_conf_set_log_cb(conf, OnLog);
 	// Without TLS support in librdkafka this fails, and so would any ssl.* property.
 	(void)rd_kafka_conf_set_ssl_cert_verify_cb(conf, OnCertificateVerify);
-	int n_handles = std::max(1, from.connections);
+	int n_handles = HandleCount(from);
 	handles.reserve(size_t(n_handles));
 	for (int i = 0; i < n_handles; i++) {
 		// Each handle consumes a configuration of its own (on success only): the last takes conf.
@@ -619,7 +637,7 @@ ConfigDiffers(const Producer *p, const ProducerConfig &config) noexcept {
 		std::string error;
 		// A configuration that does not parse differs: remaking the producer reports it.
 		return !BuildProperties(config, &properties, &error) || properties != p->properties ||
-		       std::max(1, config.connections) != int(p->handles.size());
+		       HandleCount(config) != int(p->handles.size());
 	} catch (const std::bad_alloc &) {
 		return true;
 	}
@@ -983,6 +1001,16 @@ Acked(const Producer *p) noexcept {
 const Delivery &
 Result(const Producer *p, int index) noexcept {
 	return p->results[size_t(index)];
+}
+
+rd_kafka_t *
+HandleOf(Producer *p) noexcept {
+	return p->handles[0];
+}
+
+bool
+StopRequestedOf(const Producer *p) noexcept {
+	return StopRequested(p->config);
 }
 
 bool

@@ -87,6 +87,9 @@ struct ProducerConfig {
 	int max_event_bytes; // outbox.max_payload_bytes
 	int connections;     // outbox.kafka_connections: librdkafka handles, each partition sent by one
 	StopCheck stop_requested;
+	// "" for the idempotent producer (at least once); else outbox.delivery = exactly_once's
+	// transactional.id (kafka_transactions.hpp): one handle whatever `connections` says.
+	const char *transactional_id;
 };
 
 class Producer;

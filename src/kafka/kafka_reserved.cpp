@@ -33,7 +33,8 @@ const Reserved kReserved[] = {
     {"queue.buffering.max.ms", "the relay holds each batch and sends it in one go", "50", "51"},
     {"partitioner", "the relay places keys like the Java client (murmur2_random)", "murmur2_random", "random"},
     {"queuing.strategy", "lifo would send a key's events out of order", "fifo", "lifo"},
-    {"transactional.id", "the relay does not use Kafka transactions (every produce would be refused)", "a", "b"},
+    {"transactional.id", "set outbox.delivery = exactly_once instead (the relay derives the id)", "a", "b"},
+    {"transaction.timeout.ms", "the relay sets it from outbox.publish_timeout", "60000", "60001"},
     {"internal.termination.signal", "a signal handler would replace PostgreSQL's", "0", "1"},
     // Without reports of successes every acknowledged batch would time out and be sent again.
     {"delivery.report.only.error", "the relay records each event from its delivery report", "false", "true"},

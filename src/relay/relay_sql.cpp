@@ -409,6 +409,27 @@ BeginStep(const char *activity) {
 	return TableState::Ready;
 }
 
+// EndStep's twin for exactly_once: the claim's transaction is prepared as `gid`, not committed.
+// PREPARE TRANSACTION needs a transaction block, which a background worker's transaction is not:
+// one is opened around it first, as the logical replication apply worker does for a prepared
+// transaction it applies.
+void
+PrepareStep(const char *gid) {
+	SPI_finish();
+	BeginTransactionBlock();
+	CommitTransactionCommand(); // ends the BEGIN: the block is in progress
+	if (!PrepareTransactionBlock(gid)) {
+		elog(ERROR, "outbox relay: could not prepare the batch's transaction");
+	}
+	PopActiveSnapshot();
+	CommitTransactionCommand(); // the PREPARE itself
+	SetUserIdAndSecContext(step_saved_user, step_saved_sec_context);
+	MemoryContextSwitchTo(step_caller_context);
+	debug_query_string = nullptr;
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, nullptr);
+}
+
 void
 EndStep() {
 	SPI_finish();
@@ -1013,13 +1034,13 @@ RecordPublished(const Batch &batch, const int *events, int n, const kafka::Deliv
 
 int
 RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
-               const char *const *errors, long defer_ms, const bool *recorded) {
+               const char *const *errors, long defer_ms, const bool *recorded, const char *prepare_gid) {
 	Assert(claim_open);
 	claim_open = false;
 	ResumeClaimStep("outbox relay: record");
 	if (claim_on_ring) {
 		int failed = RingRecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
-		EndStep();
+		prepare_gid ? PrepareStep(prepare_gid) : EndStep();
 		return failed;
 	}
 	// Requeued events stay as they are: pending, their lock released by the commit.
@@ -1077,7 +1098,7 @@ RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Deliver
 			              errhint("It is in outbox.failed; fix the cause, then SELECT outbox.retry(event_id).")));
 		}
 	}
-	EndStep();
+	prepare_gid ? PrepareStep(prepare_gid) : EndStep();
 	return failed;
 }
 

@@ -97,8 +97,12 @@ void RecordPublished(const Batch &batch, const int *events, int n, const kafka::
 // Records every outcome but Requeued (and the published events `recorded` marks: recorded
 // already) in the claim's transaction and commits it. Returns how many events moved to failed
 // (their ids and errors are logged once here).
+//
+// With `prepare_gid` (outbox.delivery = exactly_once) the transaction is prepared under that gid
+// instead of committed (prepared_batch.hpp decides it).
 int RecordOutcomes(const Batch &batch, const Outcome *outcomes, const kafka::Delivery *deliveries,
-                   const char *const *errors, long defer_ms, const bool *recorded);
+                   const char *const *errors, long defer_ms, const bool *recorded,
+                   const char *prepare_gid = nullptr);
 
 // Milliseconds until the next retry of this worker's lanes is due, or -1 if none is waiting.
 int64 MillisUntilNextRetry(const LaneSet &lanes);

@@ -15,11 +15,13 @@
 #include "shared/boundary.hpp"
 #include "shared/guc.hpp"
 #include "kafka/kafka_producer.hpp"
+#include "kafka/kafka_transactions.hpp"
 #include "shared/metrics.hpp"
 #include "launcher/launcher.hpp"
 #include "relay/relay_sql.hpp"
 #include "shared/shmem.hpp"
 #include "shared/wait_events.hpp"
+#include "relay/prepared_batch.hpp"
 #include "relay/standby_wait.hpp"
 
 namespace outbox {
@@ -80,6 +82,13 @@ TimestampTz last_logged_at = 0;
 WorkerState backoff_state = WorkerState::BackingOff;
 char last_outage_reason[256];
 TimestampTz last_outage_logged_at = 0;
+// outbox.delivery = exactly_once (DESIGN.md "Exactly once"). The producer was made transactional
+// with this id; `recovered`: its InitTransactions ran and the batch in doubt, if any, was decided,
+// so the worker may claim; `next_sequence`: the number of the next batch (Kafka's committed offset
+// of the worker's group + 1).
+char transactional_id[192];
+bool recovered = false;
+int64 next_sequence = 0;
 
 LaneSet
 MyLanes() {
@@ -253,12 +262,34 @@ StopRequested() noexcept {
 }
 
 // The one place the producer's settings are read: both to make it and to see a reload change it.
+bool
+ExactlyOnce() {
+	return settings.delivery == int(Delivery::ExactlyOnce);
+}
+
+// This worker's Kafka identity under exactly_once: stable across restarts of the worker and the
+// server, different for every worker of every database of every cluster (a clone of the cluster
+// keeps the system identifier: outbox.transactional_id_prefix tells two apart). It names the
+// worker's lanes (worker i of N): a change of outbox.workers gives new identities, and the old
+// ones' batches in doubt are decided first (RecoverOtherIdentities).
+const char *
+TransactionalId(int index, int count) {
+	static char id[sizeof(transactional_id)];
+	snprintf(id, sizeof(id), "%s-%llu-%u-%d-%d", settings.transactional_id_prefix,
+	         (unsigned long long)GetSystemIdentifier(), unsigned(MyDatabaseId), count, index);
+	return id;
+}
+
 kafka::ProducerConfig
 CurrentProducerConfig() {
-	return kafka::ProducerConfig{settings.bootstrap_servers,       settings.kafka_properties,
-	                             settings.kafka_properties_file,   settings.publish_timeout_ms,
-	                             settings.max_payload_bytes,       settings.kafka_connections,
-	                             StopRequested};
+	return kafka::ProducerConfig{settings.bootstrap_servers,
+	                             settings.kafka_properties,
+	                             settings.kafka_properties_file,
+	                             settings.publish_timeout_ms,
+	                             settings.max_payload_bytes,
+	                             settings.kafka_connections,
+	                             StopRequested,
+	                             ExactlyOnce() ? TransactionalId(worker_index, worker_count) : ""};
 }
 
 // The settings of the database (ALTER DATABASE ... SET, which its owner may do) and of the role
@@ -323,6 +354,16 @@ EnsureProducer() {
 		return true;
 	}
 	char error[512];
+	if (ExactlyOnce() && max_prepared_xacts < 1) {
+		snprintf(error, sizeof(error), "outbox.delivery = exactly_once needs max_prepared_transactions of at least "
+		                               "the relay's workers (it is %d)", max_prepared_xacts);
+		SetWorkerError(slot, WorkerState::Misconfigured, error);
+		LogOnce(LOG, psprintf("misconfigured, not publishing until the server is restarted with it: %s", error));
+		return false;
+	}
+	recovered = false;
+	strlcpy(transactional_id, ExactlyOnce() ? TransactionalId(worker_index, worker_count) : "",
+	        sizeof(transactional_id));
 	producer = kafka::CreateProducer(CurrentProducerConfig(), error, sizeof(error));
 	if (producer == nullptr) {
 		SetWorkerError(slot, WorkerState::Misconfigured, error);
@@ -357,9 +398,23 @@ BackoffMs(int step) {
 }
 
 #ifdef OUTBOX_TEST_SEAMS
-// Test builds only (make TEST_SEAMS=1): outbox.test_crash_after_ack makes the worker die like a
-// crash right after the broker acknowledged the named event and before the outcome is recorded.
-// A marker file in the data directory makes it fire once; the test removes the file to arm it.
+// Test builds only (make TEST_SEAMS=1): the worker dies like a crash (SIGKILL), once: a marker
+// file in the data directory makes it fire once; the test removes the file to arm it again.
+void
+CrashOnce(const char *what) {
+	char path[MAXPGPATH];
+	snprintf(path, sizeof(path), "%s/outbox_test_crash_fired", DataDir);
+	int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+	if (fd < 0) {
+		return; // fired before
+	}
+	close(fd);
+	ereport(LOG, (errmsg("outbox relay %d: %s", worker_index, what)));
+	kill(MyProcPid, SIGKILL);
+}
+
+// outbox.test_crash_after_ack: right after the broker acknowledged the named event and before
+// the outcome is recorded.
 void
 MaybeCrashAfterAck(const Batch &batch, const Outcome *outcomes) {
 	if (settings.test_crash_after_ack[0] == '\0') {
@@ -367,22 +422,25 @@ MaybeCrashAfterAck(const Batch &batch, const Outcome *outcomes) {
 	}
 	for (int i = 0; i < batch.n; i++) {
 		if (outcomes[i] == Outcome::Published && strcmp(batch.events[i].event_id, settings.test_crash_after_ack) == 0) {
-			char path[MAXPGPATH];
-			snprintf(path, sizeof(path), "%s/outbox_test_crash_fired", DataDir);
-			int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
-			if (fd < 0) {
-				return; // fired before
-			}
-			close(fd);
-			ereport(LOG, (errmsg("outbox relay %d: test_crash_after_ack: crashing after the ack of %s", worker_index,
-			                     batch.events[i].event_id)));
-			kill(MyProcPid, SIGKILL);
+			CrashOnce(psprintf("test_crash_after_ack: crashing after the ack of %s", batch.events[i].event_id));
 		}
+	}
+}
+
+// outbox.test_crash_at: at the named point of an exactly_once batch.
+void
+MaybeCrashAt(const char *point) {
+	if (strcmp(settings.test_crash_at, point) == 0) {
+		CrashOnce(psprintf("test_crash_at: crashing at %s", point));
 	}
 }
 #else
 void
 MaybeCrashAfterAck(const Batch &, const Outcome *) {
+}
+
+void
+MaybeCrashAt(const char *) {
 }
 #endif
 
@@ -673,9 +731,13 @@ IsolateRefusedBatches(const Batch &batch, Outcome *outcomes, kafka::Delivery *de
 // Sends the batch and waits, bounded, for every delivery report. Returns the outcome of each
 // event; errors[i] is set for everything not published; recorded[i] marks the published events
 // recorded already.
-void
+//
+// `transactional` (exactly_once): nothing is recorded early (the record is prepared only once the
+// batch may commit in Kafka) and refused record batches are not isolated here (a solo send needs
+// a transaction of its own: IsolateRefusedInTransactions). Returns false when reports are missing.
+bool
 Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors, bool *recorded,
-        bool *broker_trouble) {
+        bool *broker_trouble, bool transactional) {
 	int n = batch.n;
 	// Quarantined rows are never sent, and their key's later events in the batch are not sent
 	// either (they would overtake a row that is about to be failed): those go back untouched.
@@ -703,7 +765,9 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 		}
 	}
 	bool reports_missing = !SendEvents(batch, to_send, n_send, deliveries,
-	                                   settings.publish_timeout_ms + kPublishWaitMarginMs, recorded);
+	                                   settings.publish_timeout_ms + kPublishWaitMarginMs,
+	                                   transactional ? nullptr : recorded);
+	bool complete = !reports_missing;
 	for (int j = 0; j < n_send; j++) {
 		TakeResult(to_send[j], deliveries[to_send[j]], outcomes, errors, broker_trouble);
 	}
@@ -715,7 +779,9 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 			}
 		}
 	}
-	IsolateRefusedBatches(batch, outcomes, deliveries, errors, broker_trouble, &reports_missing);
+	if (!transactional) {
+		IsolateRefusedBatches(batch, outcomes, deliveries, errors, broker_trouble, &reports_missing);
+	}
 
 	// Broker-wide trouble only if nothing got through. When some events were appended and
 	// others timed out, their partitions (or topics) are the trouble: those events wait a while
@@ -754,6 +820,7 @@ Publish(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, cons
 	// Late reports, or a producer that can no longer keep its guarantees: start afresh so nothing
 	// from this batch can still be appended behind the resent events.
 	DropProducerIfBroken(reports_missing);
+	return complete;
 }
 
 // Broker-wide trouble: back off the whole worker; no event used up an attempt. `refused`: the
@@ -810,40 +877,13 @@ NoteNoBrokerReachable() {
 	NoteBrokerTrouble(why, refused);
 }
 
+// What a batch's outcomes come to, once recorded: the counts, last_error, and broker trouble.
 void
-RunBatch(const Batch &batch) {
-	int n = batch.n;
-	Outcome *outcomes = static_cast<Outcome *>(palloc0(sizeof(Outcome) * n));
-	kafka::Delivery *deliveries = static_cast<kafka::Delivery *>(palloc(sizeof(kafka::Delivery) * n));
-	const char **errors = static_cast<const char **>(palloc0(sizeof(char *) * n));
-	bool *recorded = static_cast<bool *>(palloc0(sizeof(bool) * n));
-	bool broker_trouble = false;
-
-	SetWorkerState(slot, WorkerState::Publishing);
-	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
-	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
-	// ERROR aborts it and leaves them pending.
-	instr_time publish_start = MetricsNow();
-	batch_outcomes = outcomes;
-	batch_size_in_flight = n;
-	Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble);
-	MetricsNotePublish(slot, publish_start);
-	MaybeCrashAfterAck(batch, outcomes);
-
-	SetWorkerState(slot, WorkerState::Recording);
-	// Events of a partition that timed out while others were acked wait a few publish timeouts,
-	// so that batches of healthy keys do not keep waiting for them.
-	long defer_ms = BackoffMs(1) + 4L * settings.publish_timeout_ms;
-	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
-	instr_time record_start = MetricsNow();
-	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, defer_ms, recorded);
-	batch_outcomes = nullptr;
-	error_steps = 0;
-	MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
-
+NoteBatchRecorded(const Batch &batch, const Outcome *outcomes, const char *const *errors, int failed,
+                  bool broker_trouble) {
 	uint64 published = 0;
 	const char *first_error = nullptr;
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < batch.n; i++) {
 		if (outcomes[i] == Outcome::Published) {
 			published++;
 		} else if (!first_error && errors[i]) {
@@ -867,6 +907,368 @@ RunBatch(const Batch &batch) {
 	} else if (published > 0) {
 		outage_steps = 0;
 	}
+}
+
+// Events of a partition that timed out while others were acked wait a few publish timeouts,
+// so that batches of healthy keys do not keep waiting for them.
+long
+DeferMs() {
+	return BackoffMs(1) + 4L * settings.publish_timeout_ms;
+}
+
+void
+RunBatch(const Batch &batch) {
+	int n = batch.n;
+	Outcome *outcomes = static_cast<Outcome *>(palloc0(sizeof(Outcome) * n));
+	kafka::Delivery *deliveries = static_cast<kafka::Delivery *>(palloc(sizeof(kafka::Delivery) * n));
+	const char **errors = static_cast<const char **>(palloc0(sizeof(char *) * n));
+	bool *recorded = static_cast<bool *>(palloc0(sizeof(bool) * n));
+	bool broker_trouble = false;
+
+	SetWorkerState(slot, WorkerState::Publishing);
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
+	// From here until RecordOutcomes commits, the claim's transaction holds the rows' locks; an
+	// ERROR aborts it and leaves them pending.
+	instr_time publish_start = MetricsNow();
+	batch_outcomes = outcomes;
+	batch_size_in_flight = n;
+	Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble, false);
+	MetricsNotePublish(slot, publish_start);
+	MaybeCrashAfterAck(batch, outcomes);
+
+	SetWorkerState(slot, WorkerState::Recording);
+	// The record waits for no lock: the claim's transaction holds the rows and the table's lock.
+	instr_time record_start = MetricsNow();
+	int failed = RecordOutcomes(batch, outcomes, deliveries, errors, DeferMs(), recorded);
+	batch_outcomes = nullptr;
+	error_steps = 0;
+	MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
+	NoteBatchRecorded(batch, outcomes, errors, failed, broker_trouble);
+}
+
+// ---- outbox.delivery = exactly_once (DESIGN.md "Exactly once") ----
+
+bool
+Transactional() {
+	return producer != nullptr && transactional_id[0] != '\0';
+}
+
+// A Kafka call's budget: what a batch may take in flight.
+int
+TransactionBudgetMs() {
+	return settings.publish_timeout_ms;
+}
+
+// Aborts the batch's Kafka transaction; when that cannot be done the producer goes, and the next
+// one's InitTransactions aborts what it left open. Either way read_committed consumers never see
+// the transaction's records.
+void
+AbortKafkaTransaction() {
+	char why[256];
+	if (producer && kafka::AbortTransaction(producer, TransactionBudgetMs(), why, sizeof(why)) != kafka::TxnResult::Done) {
+		LogOnce(LOG, psprintf("could not abort a Kafka transaction (%s); the producer is made anew, which aborts it",
+		                      why));
+		DestroyProducer();
+	}
+}
+
+// A Kafka transaction fails as a whole: an event the broker refused, or a report missing, makes
+// it abortable. (An event the producer refused at once never entered it.)
+bool
+KafkaTransactionFailed(const Batch &batch, const kafka::Delivery *deliveries, bool complete) {
+	if (!complete || producer == nullptr) {
+		return true;
+	}
+	for (int i = 0; i < batch.n; i++) {
+		const kafka::Delivery &d = deliveries[i];
+		if (d.reported && !d.refused_at_produce && d.err != 0) {
+			return true;
+		}
+	}
+	return false;
+}
+
+// In an aborted transaction a refusal says little of which event was at fault (a record batch is
+// refused whole; the others' records are dropped with it). Each event the broker refused is sent
+// again alone, in a transaction that is always aborted, so its record never reaches a
+// read_committed consumer and may go ahead of its key; only a refusal of that solo send charges
+// it an attempt. Bounded like IsolateRefusedBatches; what is not tried goes back to pending.
+void
+IsolateRefusedInTransactions(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors) {
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), settings.publish_timeout_ms);
+	int tried = 0;
+	for (int i = 0; i < batch.n; i++) {
+		if (outcomes[i] != Outcome::Rejected || deliveries[i].refused_at_produce) {
+			continue;
+		}
+		outcomes[i] = Outcome::Requeued;
+		char why[256];
+		if (tried >= kMaxSoloSendsPerBatch || StopRequested() || GetCurrentTimestamp() >= until || !producer ||
+		    kafka::BeginTransaction(producer, why, sizeof(why)) != kafka::TxnResult::Done) {
+			continue;
+		}
+		tried++;
+		long left_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
+		bool complete = SendEvents(batch, &i, 1, deliveries, left_ms + kPublishWaitMarginMs, nullptr);
+		bool ignored = false;
+		TakeResult(i, deliveries[i], outcomes, errors, &ignored);
+		if (outcomes[i] != Outcome::Rejected) {
+			outcomes[i] = Outcome::Requeued; // appended alone: not its fault
+		}
+		if (!complete) {
+			DestroyProducer(); // nothing of it may be appended later
+		} else {
+			AbortKafkaTransaction();
+		}
+	}
+}
+
+// The batch's Kafka transaction failed: it is aborted, nothing of it counts as published (the
+// events go back to pending without an attempt; a timed-out partition's are deferred), the
+// events refused alone are charged, and the record commits (no prepare: Kafka keeps nothing).
+int
+RecordFailedTransaction(const Batch &batch, Outcome *outcomes, kafka::Delivery *deliveries, const char **errors,
+                        bool *recorded, bool *broker_trouble) {
+	AbortKafkaTransaction();
+	for (int i = 0; i < batch.n; i++) {
+		if (outcomes[i] == Outcome::Published) {
+			outcomes[i] = Outcome::Requeued;
+		}
+	}
+	IsolateRefusedInTransactions(batch, outcomes, deliveries, errors);
+	bool any_rejected = false;
+	for (int i = 0; i < batch.n; i++) {
+		any_rejected = any_rejected || outcomes[i] == Outcome::Rejected || outcomes[i] == Outcome::Deferred;
+	}
+	if (!any_rejected) {
+		*broker_trouble = true; // nothing of it is the events' fault: the broker's
+	}
+	SetWorkerState(slot, WorkerState::Recording);
+	return RecordOutcomes(batch, outcomes, deliveries, errors, DeferMs(), recorded);
+}
+
+// A batch in one Kafka transaction, its record prepared before the Kafka commit and committed
+// after it (the order argument and the crash table: DESIGN.md "Exactly once"):
+//   claim (the caller) -> begin -> produce, every report in -> PREPARE 'outbox:<id>:<s>' ->
+//   the group's offset s and commit in Kafka -> COMMIT PREPARED.
+// When the Kafka commit's outcome is unknown the producer goes and the prepared batch waits for
+// RecoverTransactionalSlot, which decides it by the group's offset before any claim.
+void
+RunTransactionalBatch(const Batch &batch) {
+	int n = batch.n;
+	Outcome *outcomes = static_cast<Outcome *>(palloc0(sizeof(Outcome) * n));
+	kafka::Delivery *deliveries = static_cast<kafka::Delivery *>(palloc0(sizeof(kafka::Delivery) * n));
+	const char **errors = static_cast<const char **>(palloc0(sizeof(char *) * n));
+	bool *recorded = static_cast<bool *>(palloc0(sizeof(bool) * n));
+	bool broker_trouble = false;
+	char why[512];
+
+	MaybeCrashAt("after_claim");
+	SetWorkerState(slot, WorkerState::Publishing);
+	pgstat_report_activity(STATE_RUNNING, "outbox relay: publish");
+	instr_time publish_start = MetricsNow();
+	kafka::TxnResult begun = kafka::BeginTransaction(producer, why, sizeof(why));
+	bool complete = false;
+	if (begun == kafka::TxnResult::Done) {
+		complete = Publish(batch, outcomes, deliveries, errors, recorded, &broker_trouble, true);
+	} else {
+		DestroyProducer(); // a producer in a state that refuses a transaction: made anew
+		for (int i = 0; i < n; i++) {
+			outcomes[i] = batch.events[i].quarantine ? Outcome::Quarantined : Outcome::Requeued;
+			errors[i] = batch.events[i].quarantine ? batch.events[i].quarantine : pstrdup(why);
+		}
+	}
+	MetricsNotePublish(slot, publish_start);
+	MaybeCrashAt("after_produce");
+
+	instr_time record_start = MetricsNow();
+	int failed;
+	if (begun != kafka::TxnResult::Done || KafkaTransactionFailed(batch, deliveries, complete)) {
+		failed = RecordFailedTransaction(batch, outcomes, deliveries, errors, recorded, &broker_trouble);
+		error_steps = 0;
+		MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
+		NoteBatchRecorded(batch, outcomes, errors, failed, broker_trouble);
+		return;
+	}
+
+	SetWorkerState(slot, WorkerState::Recording);
+	char *gid = PreparedBatchGid(transactional_id, next_sequence);
+	failed = RecordOutcomes(batch, outcomes, deliveries, errors, DeferMs(), recorded, gid);
+	MaybeCrashAt("after_prepare");
+	kafka::TxnResult committed = kafka::CommitTransaction(producer, transactional_id, settings.progress_topic,
+	                                                      next_sequence, TransactionBudgetMs(), why, sizeof(why));
+	if (committed == kafka::TxnResult::Done) {
+		MaybeCrashAt("after_kafka_commit");
+		FinishPreparedBatch(gid, true);
+		next_sequence++;
+		MaybeCrashAt("after_postgres_commit");
+		error_steps = 0;
+		MetricsNoteBatch(slot, batch, outcomes, failed, record_start);
+		NoteBatchRecorded(batch, outcomes, errors, failed, broker_trouble);
+		return;
+	}
+	// Nothing of the batch counts as published: either Kafka aborted it (then so does Postgres) or
+	// its fate is unknown (then recovery decides the prepared record before the next claim).
+	for (int i = 0; i < n; i++) {
+		outcomes[i] = Outcome::Requeued;
+		errors[i] = nullptr;
+	}
+	errors[0] = psprintf("Kafka transaction of batch %lld not committed: %s", (long long)next_sequence, why);
+	if (committed == kafka::TxnResult::Abortable && producer &&
+	    kafka::AbortTransaction(producer, TransactionBudgetMs(), why, sizeof(why)) == kafka::TxnResult::Done) {
+		FinishPreparedBatch(gid, false);
+	} else {
+		ereport(LOG, (errmsg("outbox relay %d: the Kafka commit of batch %lld is in doubt (%s); its record stays "
+		                     "prepared as \"%s\" until Kafka's record of the batch decides it",
+		                     worker_index, (long long)next_sequence, errors[0], gid)));
+		DestroyProducer();
+	}
+	MetricsNoteBatch(slot, batch, outcomes, 0, record_start);
+	NoteBatchRecorded(batch, outcomes, errors, 0, committed != kafka::TxnResult::Stopped);
+}
+
+// A recovery step that could not be taken: the worker waits (broker trouble) or says why
+// (misconfigured) and tries again with a new producer.
+void
+NoteRecoveryTrouble(kafka::TxnResult result, const char *why) {
+	DestroyProducer();
+	if (result == kafka::TxnResult::Stopped) {
+		return;
+	}
+	if (result == kafka::TxnResult::Refused || result == kafka::TxnResult::Fatal) {
+		SetWorkerError(slot, WorkerState::Misconfigured, why);
+		NoteBrokerTrouble(why, true);
+	} else {
+		SetWorkerError(slot, WorkerState::BackingOff, why);
+		NoteBrokerTrouble(why);
+	}
+}
+
+// A prepared batch that Kafka's record cannot decide: never guessed (the batch may be in Kafka
+// and not in Postgres, or the other way round). The worker claims nothing until an operator
+// decides it (docs/exactly-once.md "A batch in doubt").
+void
+NoteUndecidable(const char *gid, const char *why) {
+	char *error = psprintf("prepared transaction \"%s\" cannot be decided: %s", gid, why);
+	SetWorkerError(slot, WorkerState::Misconfigured, error);
+	NoteBrokerTrouble(error, true);
+	LogOnce(WARNING, psprintf("not publishing: %s; see docs/exactly-once.md \"A batch in doubt\"", error));
+}
+
+// Decides every prepared batch of identity `id` by the committed offset of its group (`p` is a
+// producer of that id whose InitTransactions has run, so no transaction of it is open): batch s
+// with offset s committed in Kafka (COMMIT PREPARED), with offset s - 1 it did not (ROLLBACK
+// PREPARED). *committed: the offset (0 for none). False when it cannot be done.
+bool
+DecidePreparedBatches(kafka::Producer *p, const char *id, int64 *committed) {
+	char why[512];
+	int64_t offset = -1;
+	kafka::TxnResult read =
+	    kafka::ReadCommittedOffset(p, id, settings.progress_topic, TransactionBudgetMs(), &offset, why, sizeof(why));
+	if (read != kafka::TxnResult::Done) {
+		NoteRecoveryTrouble(read, why);
+		return false;
+	}
+	ListCell *lc;
+	foreach (lc, PreparedBatchGids(psprintf("outbox:%s:", id))) {
+		const char *gid = static_cast<const char *>(lfirst(lc));
+		int64 batch = PreparedBatchSequence(gid, id);
+		bool commit = batch >= 1 && offset == batch;
+		bool rollback = batch >= 1 && (offset == batch - 1 || (offset < 0 && batch == 1));
+		if (!commit && !rollback) {
+			NoteUndecidable(gid, psprintf("the committed offset of Kafka group \"%s\" on topic \"%s\" is %lld%s", id,
+			                              settings.progress_topic, (long long)offset,
+			                              offset < 0 ? " (none: expired, or another topic)" : ""));
+			return false;
+		}
+		ereport(LOG, (errmsg("outbox relay %d: batch %lld of \"%s\" is %s in Kafka: %s PREPARED \"%s\"", worker_index,
+		                     (long long)batch, id, commit ? "committed" : "not committed",
+		                     commit ? "COMMIT" : "ROLLBACK", gid)));
+		FinishPreparedBatch(gid, commit);
+	}
+	*committed = offset < 0 ? 0 : int64(offset);
+	return true;
+}
+
+// Batches in doubt of this database's other identities: those of another outbox.workers count
+// (their lanes are now other workers'), decided by worker 0 with a producer of each old id
+// (whose InitTransactions fences a worker of it still running); every other worker waits until
+// none is left, as their rows are locked by them and a claim around them would let later events
+// of their keys go first. A prepared batch of an identity this cluster does not make (another
+// prefix, another system identifier) is reported, not decided.
+bool
+RecoverOtherIdentities() {
+	char *ours = psprintf("%s-%llu-%u-", settings.transactional_id_prefix, (unsigned long long)GetSystemIdentifier(),
+	                      unsigned(MyDatabaseId));
+	char *own_gids = psprintf("outbox:%s:", transactional_id);
+	ListCell *lc;
+	foreach (lc, PreparedBatchGids("outbox:")) {
+		const char *gid = static_cast<const char *>(lfirst(lc));
+		if (strncmp(gid, own_gids, strlen(own_gids)) == 0) {
+			continue;
+		}
+		const char *id_start = gid + strlen("outbox:");
+		const char *id_end = strrchr(gid, ':');
+		if (strncmp(id_start, ours, strlen(ours)) != 0 || id_end <= id_start) {
+			NoteUndecidable(gid, "it is a batch of another relay identity (another outbox.transactional_id_prefix, "
+			                     "or a copy of this cluster)");
+			return false;
+		}
+		if (worker_index != 0) {
+			SetWorkerState(slot, WorkerState::Recovering);
+			return false; // worker 0 decides it
+		}
+		char *id = pnstrdup(id_start, Size(id_end - id_start));
+		kafka::ProducerConfig config = CurrentProducerConfig();
+		config.transactional_id = id;
+		char why[512];
+		kafka::Producer *old = kafka::CreateProducer(config, why, sizeof(why));
+		if (old == nullptr) {
+			NoteRecoveryTrouble(kafka::TxnResult::Refused, why);
+			return false;
+		}
+		kafka::TxnResult fenced = kafka::InitTransactions(old, kafka::TransactionTimeoutMs(settings.publish_timeout_ms),
+		                                                  why, sizeof(why));
+		int64 committed = 0;
+		bool decided = fenced == kafka::TxnResult::Done && DecidePreparedBatches(old, id, &committed);
+		kafka::DestroyProducer(old);
+		if (fenced != kafka::TxnResult::Done) {
+			NoteRecoveryTrouble(fenced, why);
+		}
+		if (!decided) {
+			return false;
+		}
+	}
+	return true;
+}
+
+// Before a transactional producer's first claim: fence every earlier producer of the worker's
+// id (a worker before a restart, a zombie), then decide the batch it may have left in doubt.
+bool
+RecoverTransactionalSlot() {
+	SetWorkerState(slot, WorkerState::Recovering);
+	char why[512];
+	kafka::TxnResult made =
+	    kafka::EnsureProgressTopic(producer, settings.progress_topic, TransactionBudgetMs(), why, sizeof(why));
+	if (made == kafka::TxnResult::Refused) {
+		LogOnce(WARNING, why); // it may exist all the same: the first commit tells
+	} else if (made != kafka::TxnResult::Done) {
+		NoteRecoveryTrouble(made, why);
+		return false;
+	}
+	kafka::TxnResult fenced =
+	    kafka::InitTransactions(producer, kafka::TransactionTimeoutMs(settings.publish_timeout_ms), why, sizeof(why));
+	if (fenced != kafka::TxnResult::Done) {
+		NoteRecoveryTrouble(fenced, why);
+		return false;
+	}
+	int64 committed = 0;
+	if (!RecoverOtherIdentities() || !DecidePreparedBatches(producer, transactional_id, &committed)) {
+		return false;
+	}
+	next_sequence = committed + 1;
+	recovered = true;
+	return true;
 }
 
 // After a retention round on the ring: the metrics, and a WARNING (once a minute) while a member
@@ -1015,7 +1417,9 @@ RecoverFromError() {
 	MemoryContextReset(batch_context);
 	// The Kafka side of a batch cut short is unknown: drop the producer so nothing of it can be
 	// appended after the events are sent again (their rows are still pending).
-	if (producer && kafka::Outstanding(producer) > 0) {
+	// exactly_once: whatever the step was, a new producer's recovery (InitTransactions, the group's
+	// offset) decides what is open or prepared before the next claim.
+	if (producer && (kafka::Outstanding(producer) > 0 || transactional_id[0] != '\0')) {
 		DestroyProducer();
 	}
 	pgstat_report_activity(STATE_IDLE, nullptr);
@@ -1203,6 +1607,13 @@ RelayMain(Datum arg) {
 			NoteNoBrokerReachable();
 			continue;
 		}
+		// exactly_once: a new producer decides what its predecessor left in doubt before any claim.
+		if (Transactional() && !recovered && !RecoverTransactionalSlot()) {
+			if (backoff_until <= GetCurrentTimestamp()) {
+				WaitFor(settings.poll_interval_ms);
+			}
+			continue;
+		}
 		// The last batch was held back for a lagging failover standby: claim (and lock) nothing
 		// until it has caught up (standby_wait.cpp).
 		if (!WaitForHeldBackStandbys(settings.poll_interval_ms)) {
@@ -1246,7 +1657,11 @@ RelayMain(Datum arg) {
 			WaitFor(sleep_ms);
 			continue;
 		}
-		RunBatch(batch);
+		if (Transactional()) {
+			RunTransactionalBatch(batch);
+		} else {
+			RunBatch(batch);
+		}
 		if (backoff_until <= now) {
 			NoteCycleSucceeded(slot, now); // a batch that errs sets last_error or a backoff
 		}

@@ -11,6 +11,10 @@ enum class MessageTimestamp { Commit = 0, Publish = 1 };
 // does when the standbys have not reached it within outbox.failover_wait_timeout.
 enum class StandbyLsn { Flush = 0, Replay = 1 };
 enum class FailoverTimeoutPolicy { Wait = 0, Publish = 1 };
+// outbox.delivery: at least once (idempotent producer; a crash between the broker's ack and the
+// record sends a batch again) or exactly once to read_committed consumers (Kafka transactions
+// decided with a prepared Postgres transaction, DESIGN.md "Exactly once").
+enum class Delivery { AtLeastOnce = 0, ExactlyOnce = 1 };
 
 struct Settings {
 	// Relay topology. database: "" relays every database with the extension (launcher.cpp),
@@ -26,6 +30,9 @@ struct Settings {
 	char *kafka_properties_file; // path of name=value lines read by the worker (for secrets)
 	int publish_timeout_ms;
 	int kafka_connections; // librdkafka producers per worker, each sending its share of the partitions
+	int delivery;          // Delivery
+	char *transactional_id_prefix; // exactly_once: first part of each worker's transactional.id
+	char *progress_topic;          // exactly_once: the topic whose partition 0 holds the batches' offsets
 	// Batching and pacing.
 	int batch_size;
 	int batch_max_bytes;
@@ -63,6 +70,10 @@ struct Settings {
 #ifdef OUTBOX_TEST_SEAMS
 	// Test-only fault injection: die right after the broker acknowledged this event_id.
 	char *test_crash_after_ack;
+	// Test-only fault injection (exactly_once): die at this point of a batch (worker.cpp
+	// MaybeCrashAt: after_claim, after_produce, after_prepare, after_kafka_commit,
+	// after_postgres_commit).
+	char *test_crash_at;
 	// Test-only fault injection: "step:N" makes the next N runs of that relay step (claim,
 	// record, next retry, purge) raise an ERROR after their statement.
 	char *test_fail_step;

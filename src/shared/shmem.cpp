@@ -207,6 +207,8 @@ WorkerStateName(WorkerState s) {
 		return "extension not installed";
 	case WorkerState::WaitingForStandby:
 		return "waiting for standby";
+	case WorkerState::Recovering:
+		return "recovering";
 	case WorkerState::NoWorkerSlot:
 		return "no worker slot";
 	}

@@ -22,6 +22,7 @@ enum class WorkerState : int {
 	Misconfigured,
 	NoExtension,
 	WaitingForStandby, // failover-safe publishing: a standby of outbox.failover_standbys lags or is gone
+	Recovering, // exactly_once: deciding a batch in doubt from Kafka's record before claiming
 	NoWorkerSlot, // never in a slot: outbox.workers shows it for workers the budget left out
 };
 

@@ -1,0 +1,238 @@
+// Kafka transactions of outbox.delivery = exactly_once. See kafka_transactions.hpp.
+#include "kafka/kafka_transactions.hpp"
+
+#include <librdkafka/rdkafka.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+
+#include "kafka/producer_handle.hpp"
+#include "shared/no_postgres.hpp"
+
+namespace outbox::kafka {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+long
+MillisLeft(Clock::time_point deadline) {
+	return long(std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+}
+
+// Takes (and destroys) a transactional call's error.
+TxnResult
+Judge(rd_kafka_error_t *error, char *why, size_t len) {
+	if (error == nullptr) {
+		return TxnResult::Done;
+	}
+	snprintf(why, len, "%s: %s", rd_kafka_err2name(rd_kafka_error_code(error)), rd_kafka_error_string(error));
+	TxnResult result = rd_kafka_error_is_fatal(error)            ? TxnResult::Fatal
+	                   : rd_kafka_error_txn_requires_abort(error) ? TxnResult::Abortable
+	                   : rd_kafka_error_is_retriable(error) ||
+	                           rd_kafka_error_code(error) == RD_KAFKA_RESP_ERR__TIMED_OUT
+	                       ? TxnResult::TimedOut
+	                       : TxnResult::Refused;
+	rd_kafka_error_destroy(error);
+	return result;
+}
+
+// Calls `call(slice_ms)` again while it times out (librdkafka resumes the operation under way),
+// until the budget or a stop request.
+template <typename Call>
+TxnResult
+Sliced(Producer *p, int budget_ms, char *why, size_t len, Call call) {
+	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
+	for (;;) {
+		int slice = int(std::max(1L, std::min(long(kMetadataLookupMs), MillisLeft(deadline))));
+		TxnResult result = Judge(call(slice), why, len);
+		if (result != TxnResult::TimedOut) {
+			return result;
+		}
+		if (StopRequestedOf(p)) {
+			snprintf(why, len, "stopped while waiting for Kafka");
+			return TxnResult::Stopped;
+		}
+		if (MillisLeft(deadline) <= 0) {
+			return TxnResult::TimedOut;
+		}
+	}
+}
+
+// Waits, in slices, for an admin result of `type` on `queue`.
+rd_kafka_event_t *
+AwaitAdminResult(Producer *p, rd_kafka_queue_t *queue, rd_kafka_event_type_t type, Clock::time_point deadline) {
+	while (MillisLeft(deadline) > 0 && !StopRequestedOf(p)) {
+		int slice = int(std::min(long(kMetadataLookupMs), MillisLeft(deadline)));
+		rd_kafka_event_t *event = rd_kafka_queue_poll(queue, std::max(1, slice));
+		if (event == nullptr) {
+			continue;
+		}
+		if (rd_kafka_event_type(event) == type) {
+			return event;
+		}
+		rd_kafka_event_destroy(event);
+	}
+	return nullptr;
+}
+
+} // namespace
+
+TxnResult
+InitTransactions(Producer *p, int budget_ms, char *why, size_t len) noexcept {
+	rd_kafka_t *rk = HandleOf(p);
+	return Sliced(p, budget_ms, why, len, [rk](int slice) { return rd_kafka_init_transactions(rk, slice); });
+}
+
+TxnResult
+BeginTransaction(Producer *p, char *why, size_t len) noexcept {
+	return Judge(rd_kafka_begin_transaction(HandleOf(p)), why, len);
+}
+
+TxnResult
+CommitTransaction(Producer *p, const char *group, const char *topic, int64_t sequence, int budget_ms, char *why,
+                  size_t len) noexcept {
+	rd_kafka_t *rk = HandleOf(p);
+	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
+	rd_kafka_topic_partition_list_t *offsets = rd_kafka_topic_partition_list_new(1);
+	rd_kafka_topic_partition_list_add(offsets, topic, 0)->offset = sequence;
+	rd_kafka_consumer_group_metadata_t *metadata = rd_kafka_consumer_group_metadata_new(group);
+	TxnResult result = Sliced(p, budget_ms, why, len, [&](int slice) {
+		return rd_kafka_send_offsets_to_transaction(rk, offsets, metadata, slice);
+	});
+	rd_kafka_consumer_group_metadata_destroy(metadata);
+	rd_kafka_topic_partition_list_destroy(offsets);
+	if (result != TxnResult::Done) {
+		return result;
+	}
+	return Sliced(p, int(std::max(1L, MillisLeft(deadline))), why, len,
+	              [rk](int slice) { return rd_kafka_commit_transaction(rk, slice); });
+}
+
+TxnResult
+AbortTransaction(Producer *p, int budget_ms, char *why, size_t len) noexcept {
+	rd_kafka_t *rk = HandleOf(p);
+	return Sliced(p, budget_ms, why, len, [rk](int slice) { return rd_kafka_abort_transaction(rk, slice); });
+}
+
+TxnResult
+ReadCommittedOffset(Producer *p, const char *group, const char *topic, int budget_ms, int64_t *offset, char *why,
+                    size_t len) noexcept {
+	rd_kafka_t *rk = HandleOf(p);
+	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
+	rd_kafka_queue_t *queue = rd_kafka_queue_new(rk);
+	TxnResult result = TxnResult::TimedOut;
+	snprintf(why, len, "no answer from Kafka within %d ms", budget_ms);
+	// An open transaction holding the group's offset answers UNSTABLE_OFFSET_COMMIT: asked again
+	// until the budget.
+	while (result == TxnResult::TimedOut && MillisLeft(deadline) > 0 && !StopRequestedOf(p)) {
+		rd_kafka_topic_partition_list_t *partitions = rd_kafka_topic_partition_list_new(1);
+		rd_kafka_topic_partition_list_add(partitions, topic, 0);
+		rd_kafka_ListConsumerGroupOffsets_t *request = rd_kafka_ListConsumerGroupOffsets_new(group, partitions);
+		rd_kafka_topic_partition_list_destroy(partitions);
+		rd_kafka_AdminOptions_t *options = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS);
+		char errstr[256];
+		(void)rd_kafka_AdminOptions_set_request_timeout(options, int(std::max(1L, MillisLeft(deadline))), errstr,
+		                                                sizeof(errstr));
+		rd_kafka_error_t *stable = rd_kafka_AdminOptions_set_require_stable_offsets(options, 1);
+		if (stable != nullptr) {
+			rd_kafka_error_destroy(stable);
+		}
+		rd_kafka_ListConsumerGroupOffsets(rk, &request, 1, options, queue);
+		rd_kafka_ListConsumerGroupOffsets_destroy(request);
+		rd_kafka_AdminOptions_destroy(options);
+		rd_kafka_event_t *event = AwaitAdminResult(p, queue, RD_KAFKA_EVENT_LISTCONSUMERGROUPOFFSETS_RESULT, deadline);
+		if (event == nullptr) {
+			break;
+		}
+		rd_kafka_resp_err_t err = rd_kafka_event_error(event);
+		const rd_kafka_ListConsumerGroupOffsets_result_t *answer = rd_kafka_event_ListConsumerGroupOffsets_result(event);
+		size_t n_groups = 0;
+		const rd_kafka_group_result_t **groups =
+		    answer ? rd_kafka_ListConsumerGroupOffsets_result_groups(answer, &n_groups) : nullptr;
+		const rd_kafka_error_t *group_error = n_groups == 1 ? rd_kafka_group_result_error(groups[0]) : nullptr;
+		const rd_kafka_topic_partition_list_t *found =
+		    n_groups == 1 ? rd_kafka_group_result_partitions(groups[0]) : nullptr;
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && group_error != nullptr) {
+			err = rd_kafka_error_code(group_error);
+		}
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && (found == nullptr || found->cnt != 1)) {
+			err = RD_KAFKA_RESP_ERR__BAD_MSG;
+		}
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			err = found->elems[0].err;
+		}
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			*offset = found->elems[0].offset >= 0 ? found->elems[0].offset : -1;
+			result = TxnResult::Done;
+		} else if (err == RD_KAFKA_RESP_ERR_UNSTABLE_OFFSET_COMMIT || err == RD_KAFKA_RESP_ERR__TIMED_OUT ||
+		           err == RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS ||
+		           err == RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE || err == RD_KAFKA_RESP_ERR_NOT_COORDINATOR ||
+		           err == RD_KAFKA_RESP_ERR__TRANSPORT) {
+			snprintf(why, len, "reading the committed offset of the relay's group: %s", rd_kafka_err2name(err));
+			rd_kafka_event_destroy(event);
+			// Not at once again: a slice's pause (the transaction in the way takes a while).
+			rd_kafka_event_t *none = rd_kafka_queue_poll(queue, int(std::min(100L, std::max(1L, MillisLeft(deadline)))));
+			if (none != nullptr) {
+				rd_kafka_event_destroy(none);
+			}
+			continue;
+		} else {
+			snprintf(why, len, "reading the committed offset of the relay's group: %s: %s", rd_kafka_err2name(err),
+			         rd_kafka_err2str(err));
+			result = TxnResult::Refused;
+		}
+		rd_kafka_event_destroy(event);
+	}
+	rd_kafka_queue_destroy(queue);
+	if (result == TxnResult::TimedOut && StopRequestedOf(p)) {
+		result = TxnResult::Stopped;
+	}
+	return result;
+}
+
+TxnResult
+EnsureProgressTopic(Producer *p, const char *topic, int budget_ms, char *why, size_t len) noexcept {
+	rd_kafka_t *rk = HandleOf(p);
+	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
+	char errstr[256];
+	rd_kafka_NewTopic_t *new_topic = rd_kafka_NewTopic_new(topic, 1, -1, errstr, sizeof(errstr));
+	if (new_topic == nullptr) {
+		snprintf(why, len, "progress topic \"%s\": %s", topic, errstr);
+		return TxnResult::Refused;
+	}
+	rd_kafka_queue_t *queue = rd_kafka_queue_new(rk);
+	rd_kafka_AdminOptions_t *options = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_CREATETOPICS);
+	(void)rd_kafka_AdminOptions_set_request_timeout(options, budget_ms, errstr, sizeof(errstr));
+	rd_kafka_CreateTopics(rk, &new_topic, 1, options, queue);
+	rd_kafka_AdminOptions_destroy(options);
+	rd_kafka_NewTopic_destroy(new_topic);
+	TxnResult result = TxnResult::TimedOut;
+	snprintf(why, len, "no answer from Kafka within %d ms making the progress topic \"%s\"", budget_ms, topic);
+	if (rd_kafka_event_t *event = AwaitAdminResult(p, queue, RD_KAFKA_EVENT_CREATETOPICS_RESULT, deadline)) {
+		rd_kafka_resp_err_t err = rd_kafka_event_error(event);
+		size_t n = 0;
+		const rd_kafka_topic_result_t **topics =
+		    err ? nullptr : rd_kafka_CreateTopics_result_topics(rd_kafka_event_CreateTopics_result(event), &n);
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && n == 1) {
+			err = rd_kafka_topic_result_error(topics[0]);
+		}
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR || err == RD_KAFKA_RESP_ERR_TOPIC_ALREADY_EXISTS) {
+			result = TxnResult::Done;
+		} else {
+			snprintf(why, len, "could not make the progress topic \"%s\": %s (make it with one partition, or grant "
+			         "the relay CREATE on it)", topic, rd_kafka_err2name(err));
+			result = err == RD_KAFKA_RESP_ERR__TIMED_OUT || err == RD_KAFKA_RESP_ERR__TRANSPORT ? TxnResult::TimedOut
+			                                                                                   : TxnResult::Refused;
+		}
+		rd_kafka_event_destroy(event);
+	} else if (StopRequestedOf(p)) {
+		result = TxnResult::Stopped;
+	}
+	rd_kafka_queue_destroy(queue);
+	return result;
+}
+
+} // namespace outbox::kafka

@@ -1,0 +1,56 @@
+// outbox.delivery = exactly_once's side of Kafka (DESIGN.md "Exactly once"): the relay's producer
+// made transactional (ProducerConfig::transactional_id), one Kafka transaction per batch, which
+// also commits the batch's sequence number as the committed offset of a consumer group of the
+// producer's own (group id = transactional.id) on partition 0 of the progress topic. That offset
+// is Kafka's own record of the last batch it committed, read back after a crash to decide the
+// batch's prepared Postgres transaction.
+//
+// Every call waits in slices of kafka::kMetadataLookupMs, at most its budget, and stops once the
+// producer's stop check says so; librdkafka's transactional calls resume where a timed-out call
+// left off. Same threading contract as kafka_producer.hpp: no Postgres, noexcept.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kafka/kafka_producer.hpp"
+
+namespace outbox::kafka {
+
+// librdkafka's message.timeout.ms (outbox.publish_timeout) must not pass transaction.timeout.ms;
+// a minute more leaves room for the delivery wait, the PREPARE and the commit. Capped by the
+// brokers' transaction.max.timeout.ms default (15 minutes). A worker killed mid-transaction holds
+// back read_committed consumers of the partitions it wrote at most this long (its restart's
+// InitTransactions ends it sooner).
+constexpr int
+TransactionTimeoutMs(int publish_timeout_ms) {
+	return publish_timeout_ms + 60000 < 900000 ? publish_timeout_ms + 60000 : 900000;
+}
+
+enum class TxnResult {
+	Done,
+	Abortable, // the transaction failed (a record refused, a timeout on the broker): abort it
+	Fatal,     // fenced by a newer producer of the id, or another fatal error: destroy the producer
+	TimedOut,  // no answer within the budget: the outcome is unknown
+	Stopped,   // the stop check said stop: the outcome is unknown
+	Refused,   // a non-retriable error that is none of the above (not authorised, a bad topic)
+};
+
+// Fences every earlier producer of the id and aborts (or waits out) what it left open.
+TxnResult InitTransactions(Producer *producer, int budget_ms, char *why, size_t len) noexcept;
+TxnResult BeginTransaction(Producer *producer, char *why, size_t len) noexcept;
+// Adds `sequence` as the offset of group `group` on partition 0 of `topic` to the transaction,
+// then commits it. After TimedOut or Stopped the outcome is unknown: destroy the producer and let
+// recovery read the offset (never abort a commit that may have happened).
+TxnResult CommitTransaction(Producer *producer, const char *group, const char *topic, int64_t sequence,
+                            int budget_ms, char *why, size_t len) noexcept;
+TxnResult AbortTransaction(Producer *producer, int budget_ms, char *why, size_t len) noexcept;
+// The committed offset of `group` on partition 0 of `topic` (-1: none), read stable: no answer
+// while a transaction holding the group's offset is still open (KIP-447), which InitTransactions
+// has ended for the producer's own id.
+TxnResult ReadCommittedOffset(Producer *producer, const char *group, const char *topic, int budget_ms,
+                              int64_t *offset, char *why, size_t len) noexcept;
+// Makes `topic` with one partition (the brokers' replication default) unless it exists.
+TxnResult EnsureProgressTopic(Producer *producer, const char *topic, int budget_ms, char *why, size_t len) noexcept;
+
+} // namespace outbox::kafka

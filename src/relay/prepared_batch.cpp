@@ -1,0 +1,76 @@
+// Prepared batches of outbox.delivery = exactly_once. See prepared_batch.hpp.
+#include "relay/prepared_batch.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace outbox {
+
+char *
+PreparedBatchGid(const char *transactional_id, int64 sequence) {
+	return psprintf("outbox:%s:%lld", transactional_id, (long long)sequence);
+}
+
+int64
+PreparedBatchSequence(const char *gid, const char *transactional_id) {
+	size_t id_len = strlen(transactional_id);
+	if (strncmp(gid, "outbox:", 7) != 0 || strncmp(gid + 7, transactional_id, id_len) != 0 || gid[7 + id_len] != ':') {
+		return -1;
+	}
+	const char *digits = gid + 7 + id_len + 1;
+	char *end = nullptr;
+	errno = 0;
+	long long sequence = strtoll(digits, &end, 10);
+	if (errno != 0 || end == digits || *end != '\0' || sequence < 1) {
+		return -1;
+	}
+	return int64(sequence);
+}
+
+List *
+PreparedBatchGids(const char *prefix) {
+	MemoryContext caller = CurrentMemoryContext;
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	if (SPI_connect() != SPI_OK_CONNECT) {
+		elog(ERROR, "outbox relay: SPI_connect failed");
+	}
+	Oid types[1] = {TEXTOID};
+	Datum values[1] = {CStringGetTextDatum(prefix)};
+	int rc = SPI_execute_with_args("SELECT p.gid FROM pg_catalog.pg_prepared_xacts p "
+	                               "WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database() "
+	                               "AND pg_catalog.starts_with(p.gid, $1) ORDER BY p.gid",
+	                               1, types, values, nullptr, true, 0);
+	if (rc != SPI_OK_SELECT) {
+		elog(ERROR, "outbox relay: could not read pg_prepared_xacts: %s", SPI_result_code_string(rc));
+	}
+	List *gids = NIL;
+	for (uint64 i = 0; i < SPI_processed; i++) {
+		char *gid = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+		MemoryContext old = MemoryContextSwitchTo(caller);
+		gids = lappend(gids, pstrdup(gid));
+		MemoryContextSwitchTo(old);
+	}
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(caller);
+	return gids;
+}
+
+void
+FinishPreparedBatch(const char *gid, bool commit) {
+	MemoryContext caller = CurrentMemoryContext;
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	pgstat_report_activity(STATE_RUNNING, commit ? "outbox relay: commit prepared" : "outbox relay: rollback prepared");
+	// As the logical replication apply worker decides a prepared transaction: inside a transaction
+	// of its own, not as a statement (COMMIT PREPARED is refused inside a function).
+	FinishPreparedTransaction(gid, commit);
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(caller);
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, nullptr);
+}
+
+} // namespace outbox

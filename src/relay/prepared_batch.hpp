@@ -1,0 +1,22 @@
+// The Postgres side of outbox.delivery = exactly_once (DESIGN.md "Exactly once"): a batch's
+// record prepared as a two-phase transaction before its Kafka transaction commits, then
+// committed, or rolled back, by what Kafka says. Plain C-style code, like relay_sql.cpp.
+#pragma once
+
+#include "shared/pg_include.hpp"
+
+namespace outbox {
+
+// The gid of batch `sequence` of the relay identity `transactional_id`: "outbox:<id>:<sequence>".
+char *PreparedBatchGid(const char *transactional_id, int64 sequence);
+// The batch sequence in a gid of `transactional_id`, or -1 when the gid is not one of its.
+int64 PreparedBatchSequence(const char *gid, const char *transactional_id);
+
+// The gids of this database's prepared transactions whose gid starts with `prefix`, in gid order
+// (palloc'd in the current context). Its own short transaction.
+List *PreparedBatchGids(const char *prefix);
+// COMMIT PREPARED / ROLLBACK PREPARED of a batch, as the session's own superuser, in a transaction
+// of its own.
+void FinishPreparedBatch(const char *gid, bool commit);
+
+} // namespace outbox
