@@ -21,7 +21,7 @@ ALLOWED = {
     "shared": set(),
     "kafka": {"shared/no_postgres.hpp"},
     "enqueue": {"shared"},
-    "relay": {"shared", "kafka/kafka_producer.hpp", "launcher/launcher.hpp"},
+    "relay": {"shared", "kafka/kafka_producer.hpp", "kafka/kafka_transactions.hpp", "launcher/launcher.hpp"},
     "launcher": {"shared", "relay/worker.hpp"},
 }
 

@@ -6,9 +6,19 @@
 
 namespace outbox {
 
+constexpr int kNonceBytes = 8;
+
 char *
 PreparedBatchGid(const char *transactional_id, int64 sequence) {
-	return psprintf("outbox:%s:%lld", transactional_id, (long long)sequence);
+	uint8 nonce[kNonceBytes];
+	if (!pg_strong_random(nonce, sizeof(nonce))) {
+		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox relay: could not generate random bytes")));
+	}
+	char hex[2 * kNonceBytes + 1];
+	for (int i = 0; i < kNonceBytes; i++) {
+		snprintf(hex + 2 * i, 3, "%02x", nonce[i]);
+	}
+	return psprintf("outbox:%s:%lld:%s", transactional_id, (long long)sequence, hex);
 }
 
 int64
@@ -21,26 +31,27 @@ PreparedBatchSequence(const char *gid, const char *transactional_id) {
 	char *end = nullptr;
 	errno = 0;
 	long long sequence = strtoll(digits, &end, 10);
-	if (errno != 0 || end == digits || *end != '\0' || sequence < 1) {
+	if (errno != 0 || end == digits || *end != ':' || strlen(end + 1) != 2 * kNonceBytes || sequence < 1) {
 		return -1;
 	}
 	return int64(sequence);
 }
 
 List *
-PreparedBatchGids(const char *prefix) {
+PreparedBatchGids(const char *prefix, const char *owner) {
 	MemoryContext caller = CurrentMemoryContext;
 	StartTransactionCommand();
 	PushActiveSnapshot(GetTransactionSnapshot());
 	if (SPI_connect() != SPI_OK_CONNECT) {
 		elog(ERROR, "outbox relay: SPI_connect failed");
 	}
-	Oid types[1] = {TEXTOID};
-	Datum values[1] = {CStringGetTextDatum(prefix)};
+	Oid types[2] = {TEXTOID, TEXTOID};
+	Datum values[2] = {CStringGetTextDatum(prefix), CStringGetTextDatum(owner)};
 	int rc = SPI_execute_with_args("SELECT p.gid FROM pg_catalog.pg_prepared_xacts p "
 	                               "WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database() "
-	                               "AND pg_catalog.starts_with(p.gid, $1) ORDER BY p.gid",
-	                               1, types, values, nullptr, true, 0);
+	                               "AND pg_catalog.starts_with(p.gid, $1) "
+	                               "AND p.owner::pg_catalog.text OPERATOR(pg_catalog.=) $2 ORDER BY p.gid",
+	                               2, types, values, nullptr, true, 0);
 	if (rc != SPI_OK_SELECT) {
 		elog(ERROR, "outbox relay: could not read pg_prepared_xacts: %s", SPI_result_code_string(rc));
 	}

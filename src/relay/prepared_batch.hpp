@@ -7,14 +7,17 @@
 
 namespace outbox {
 
-// The gid of batch `sequence` of the relay identity `transactional_id`: "outbox:<id>:<sequence>".
+// The gid of batch `sequence` of the relay identity `transactional_id`:
+// "outbox:<id>:<sequence>:<nonce>". The random nonce keeps any other role from taking the gid
+// first (a role that may PREPARE could otherwise make the relay's PREPARE fail, batch after batch).
 char *PreparedBatchGid(const char *transactional_id, int64 sequence);
 // The batch sequence in a gid of `transactional_id`, or -1 when the gid is not one of its.
 int64 PreparedBatchSequence(const char *gid, const char *transactional_id);
 
-// The gids of this database's prepared transactions whose gid starts with `prefix`, in gid order
-// (palloc'd in the current context). Its own short transaction.
-List *PreparedBatchGids(const char *prefix);
+// The gids of this database's prepared transactions that start with `prefix` and that `owner`
+// prepared (the relay's role: no other role may make the relay decide its transactions), in gid
+// order (palloc'd in the current context). Its own short transaction.
+List *PreparedBatchGids(const char *prefix, const char *owner);
 // COMMIT PREPARED / ROLLBACK PREPARED of a batch, as the session's own superuser, in a transaction
 // of its own.
 void FinishPreparedBatch(const char *gid, bool commit);

@@ -1170,7 +1170,7 @@ DecidePreparedBatches(kafka::Producer *p, const char *id, int64 *committed) {
 		return false;
 	}
 	ListCell *lc;
-	foreach (lc, PreparedBatchGids(psprintf("outbox:%s:", id))) {
+	foreach (lc, PreparedBatchGids(psprintf("outbox:%s:", id), settings.relay_role)) {
 		const char *gid = static_cast<const char *>(lfirst(lc));
 		int64 batch = PreparedBatchSequence(gid, id);
 		bool commit = batch >= 1 && offset == batch;
@@ -1202,13 +1202,17 @@ RecoverOtherIdentities() {
 	                      unsigned(MyDatabaseId));
 	char *own_gids = psprintf("outbox:%s:", transactional_id);
 	ListCell *lc;
-	foreach (lc, PreparedBatchGids("outbox:")) {
+	foreach (lc, PreparedBatchGids("outbox:", settings.relay_role)) {
 		const char *gid = static_cast<const char *>(lfirst(lc));
 		if (strncmp(gid, own_gids, strlen(own_gids)) == 0) {
 			continue;
 		}
+		// outbox:<id>:<sequence>:<nonce>
 		const char *id_start = gid + strlen("outbox:");
-		const char *id_end = strrchr(gid, ':');
+		const char *id_end = id_start;
+		for (const char *colon = strchr(id_start, ':'); colon && strchr(colon + 1, ':'); colon = strchr(colon + 1, ':')) {
+			id_end = colon;
+		}
 		if (strncmp(id_start, ours, strlen(ours)) != 0 || id_end <= id_start) {
 			NoteUndecidable(gid, "it is a batch of another relay identity (another outbox.transactional_id_prefix, "
 			                     "or a copy of this cluster)");
