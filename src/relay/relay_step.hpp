@@ -11,7 +11,7 @@ namespace outbox {
 struct Statement {
 	const char *sql;
 	int nargs;
-	Oid types[12];
+	Oid types[18];
 	int cursor_options; // 0: the plan cache chooses between custom and generic plans
 	SPIPlanPtr plan;    // prepared at first use and kept for the worker's life
 };

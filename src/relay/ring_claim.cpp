@@ -21,7 +21,8 @@
 // "Why nothing committed is skipped"); every such writer whose lowest stamp is at or below the new
 // cursor is a hole in the cursor row committed with the cursor. Cursors of another system (a
 // restored dump, pg_upgrade, pg_resetwal) are re-based first (outbox.ring_rebase()). Not built:
-// the re-base on a changed worker count.
+// the re-base on a changed worker count (at least once sends some rows again; exactly_once leaves
+// out what the old counts' slots handled: kOldFloorsSql).
 #include "relay/ring_claim.hpp"
 
 #include "relay/relay_step.hpp"
@@ -208,6 +209,59 @@ const char *const kHoleWindowSql =
     "WHERE (m.order_lsn, m.id) > ($1::pg_lsn, $2::bigint) AND (m.order_lsn, m.id) <= ($3::pg_lsn, $4::bigint) "
     "ORDER BY m.order_lsn, m.id OFFSET $5 LIMIT 1";
 #undef OUTBOX_RING_POSITIONS
+
+// exactly_once (DESIGN.md "Exactly once", "A change of outbox.workers"): what the old counts'
+// slots handled, as floors of the new slot's walks. A slot of a count in `old` (kCursorCreateSql's
+// set) has handled every committed row of its lanes at or below its cursor, except rows of its
+// holes, of which it handled those at or below the hole's walked position (the ring's invariant,
+// DESIGN.md "Why nothing committed is skipped"). One entry per old slot (x = 0: every writer but
+// its holes', up to its cursor) and per hole of it (x: that writer's rows, up to where its walk
+// got). The new slot starts at the lowest old cursor; without these it would send the rows between
+// it and a lane's own old cursor again.
+const char *const kOldFloorsSql = R"SQL(
+WITH moved AS (
+	SELECT o.n_workers, max(o.updated_at) AS at, count(*) = o.n_workers AS complete
+	FROM outbox.cursors o WHERE o.n_workers <> $1 GROUP BY o.n_workers
+), old AS (
+	SELECT m.n_workers FROM moved m WHERE m.at >= (SELECT max(c.at) FROM moved c WHERE c.complete)
+)
+SELECT c.n_workers, c.worker, '0'::xid8, c.order_lsn, c.id
+FROM outbox.cursors c WHERE c.n_workers IN (SELECT n_workers FROM old)
+UNION ALL
+SELECT c.n_workers, c.worker, u.x, u.l, u.i
+FROM outbox.cursors c, unnest(c.hole_xids, c.hole_walked_lsns, c.hole_walked_ids) AS u(x, l, i)
+WHERE c.n_workers IN (SELECT n_workers FROM old)
+)SQL";
+
+// The rows of `alias` that an old slot handled (kOldFloorsSql's entries in parameters n .. n+4).
+#define OUTBOX_RING_NOT_HANDLED(alias, n, n1, n2, n3, n4)                                                             \
+	"  AND NOT EXISTS (SELECT 1 FROM unnest($" #n "::integer[], $" #n1 "::integer[], $" #n2 "::xid8[], $" #n3          \
+	"::pg_lsn[], $" #n4 "::bigint[]) AS f(n, w, x, l, i) "                                                             \
+	"      WHERE (" alias ".lane::integer % f.n + f.n) % f.n = f.w AND (" alias ".order_lsn, " alias ".id) <= (f.l, f.i) " \
+	"        AND (f.x = " alias ".writer OR (f.x = '0'::xid8 AND NOT EXISTS ("                                          \
+	"             SELECT 1 FROM unnest($" #n "::integer[], $" #n1 "::integer[], $" #n2 "::xid8[]) AS g(n, w, x) "       \
+	"             WHERE g.n = f.n AND g.w = f.w AND g.x = " alias ".writer)))) "
+const char *const kMemberCandidatesFloorSql =
+    OUTBOX_RING_CANDIDATE_COLUMNS("$7")
+    "FROM " OUTBOX_RING_MEMBERS " m "
+    "WHERE (m.order_lsn, m.id) > ($3::pg_lsn, $4::bigint) AND m.order_lsn < $5::pg_lsn "
+    "  AND (m.lane::integer % $1 + $1) % $1 = $2 "
+    OUTBOX_RING_NOT_HANDLED("m", 8, 9, 10, 11, 12)
+    "ORDER BY m.order_lsn, m.id "
+    "LIMIT $6";
+const char *const kHoleCandidatesFloorSql =
+    OUTBOX_RING_CANDIDATE_COLUMNS("$10")
+    "FROM (SELECT w.* FROM " OUTBOX_RING_MEMBERS " w "
+    "      JOIN unnest($3::xid8[], $4::pg_lsn[], $5::pg_lsn[], $6::bigint[]) AS h(xid, from_lsn, walked_lsn, walked_id) "
+    "        ON w.writer = h.xid "
+    "      WHERE (w.order_lsn, w.id) > ($11::pg_lsn, $12::bigint) AND (w.order_lsn, w.id) <= ($7::pg_lsn, $8::bigint) "
+    "        AND w.order_lsn >= h.from_lsn AND (w.order_lsn, w.id) > (h.walked_lsn, h.walked_id) "
+    "        AND (w.lane::integer % $1 + $1) % $1 = $2 "
+    OUTBOX_RING_NOT_HANDLED("w", 13, 14, 15, 16, 17)
+    ") m "
+    "ORDER BY m.order_lsn, m.id "
+    "LIMIT $9";
+#undef OUTBOX_RING_NOT_HANDLED
 #undef OUTBOX_RING_CANDIDATE_COLUMNS
 #undef OUTBOX_RING_MEMBERS
 #undef OUTBOX_RING_MEMBER
@@ -319,6 +373,20 @@ Statement hole_candidates_stmt = {kHoleCandidatesSql,
                                   PG_LSNOID, INT8OID, INT4OID, BOOLOID, PG_LSNOID, INT8OID},
                                  CURSOR_OPT_GENERIC_PLAN,
                                  nullptr};
+Statement old_floors_stmt = {kOldFloorsSql, 1, {INT4OID}, 0, nullptr};
+// The floors' parameters: old slots' counts, workers, writers, positions.
+#define OUTBOX_FLOOR_TYPES INT4ARRAYOID, INT4ARRAYOID, XID8ARRAYOID, PG_LSNARRAYOID, INT8ARRAYOID
+Statement member_floor_candidates_stmt = {
+    kMemberCandidatesFloorSql, 12,
+    {INT4OID, INT4OID, PG_LSNOID, INT8OID, PG_LSNOID, INT4OID, BOOLOID, OUTBOX_FLOOR_TYPES},
+    CURSOR_OPT_GENERIC_PLAN, nullptr};
+Statement hole_floor_candidates_stmt = {kHoleCandidatesFloorSql,
+                                       17,
+                                       {INT4OID, INT4OID, XID8ARRAYOID, PG_LSNARRAYOID, PG_LSNARRAYOID, INT8ARRAYOID,
+                                        PG_LSNOID, INT8OID, INT4OID, BOOLOID, PG_LSNOID, INT8OID, OUTBOX_FLOOR_TYPES},
+                                       CURSOR_OPT_GENERIC_PLAN,
+                                       nullptr};
+#undef OUTBOX_FLOOR_TYPES
 Statement hole_window_stmt = {
     kHoleWindowSql, 5, {PG_LSNOID, INT8OID, PG_LSNOID, INT8OID, INT8OID}, CURSOR_OPT_GENERIC_PLAN, nullptr};
 // How many member rows (2) reads past the lowest progress of the committed holes in one claim,
@@ -403,6 +471,61 @@ struct RingClaimState {
 	OpenWriter *open; // the open writers of the claim's view (in progress in its snapshot)
 	int n_open;
 } ring;
+
+// exactly_once: the old counts' floors of this worker's slot (kOldFloorsSql), read at its first
+// claim in this process (the old counts' rows no longer move: their workers are gone, and a
+// zombie's batch is fenced). Kept in TopMemoryContext as the statements' parameters; `end`: the
+// highest of them, past which the slot's cursor needs none.
+struct OldFloors {
+	bool loaded;
+	int n;
+	Datum counts, workers, writers, lsns, ids; // arrays
+	Position end;
+} old_floors;
+
+void
+LoadOldFloors(const LaneSet &lanes) {
+	Datum count_value[1] = {Int32GetDatum(lanes.n_workers)};
+	step::Execute("claim", old_floors_stmt, count_value, nullptr, SPI_OK_SELECT);
+	int n = int(SPI_processed);
+	MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+	Datum *counts = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+	Datum *workers = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+	Datum *writers = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+	Datum *lsns = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+	Datum *ids = static_cast<Datum *>(palloc(sizeof(Datum) * (n + 1)));
+	Position end{InvalidXLogRecPtr, PG_INT64_MIN};
+	bool isnull;
+	for (int k = 0; k < n; k++) {
+		HeapTuple row = SPI_tuptable->vals[k];
+		TupleDesc desc = SPI_tuptable->tupdesc;
+		counts[k] = SPI_getbinval(row, desc, 1, &isnull);
+		workers[k] = SPI_getbinval(row, desc, 2, &isnull);
+		writers[k] = SPI_getbinval(row, desc, 3, &isnull);
+		lsns[k] = SPI_getbinval(row, desc, 4, &isnull);
+		ids[k] = SPI_getbinval(row, desc, 5, &isnull);
+		Position at{DatumGetLSN(lsns[k]), DatumGetInt64(ids[k])};
+		if (Before(end, at)) {
+			end = at;
+		}
+	}
+	old_floors = OldFloors{true,
+	                       n,
+	                       step::ArrayOf(counts, n, INT4OID),
+	                       step::ArrayOf(workers, n, INT4OID),
+	                       step::ArrayOf(writers, n, XID8OID),
+	                       step::ArrayOf(lsns, n, PG_LSNOID),
+	                       step::ArrayOf(ids, n, INT8OID),
+	                       end};
+	MemoryContextSwitchTo(old);
+}
+
+// Whether this claim's walks must leave out what the old counts' slots handled.
+bool
+UseOldFloors() {
+	return settings.delivery == int(Delivery::ExactlyOnce) && old_floors.loaded && old_floors.n > 0 &&
+	       !Before(old_floors.end, ring.cursor);
+}
 
 Datum
 LsnArray(const XLogRecPtr *lsns, int n) {
@@ -804,6 +927,11 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 	uint64 *hole_froms = Elements8(SPI_getbinval(cursor_row, cursor_desc, 4, &isnull), PG_LSNOID, &n_froms);
 	uint64 *hole_lsns = Elements8(SPI_getbinval(cursor_row, cursor_desc, 5, &isnull), PG_LSNOID, &n_walked_lsns);
 	uint64 *hole_ids = Elements8(SPI_getbinval(cursor_row, cursor_desc, 6, &isnull), INT8OID, &n_walked_ids);
+	// exactly_once: once per process, what the old counts' slots handled (nothing to read when the
+	// worker runs at least once, whose duplicates after a change of outbox.workers are documented).
+	if (settings.delivery == int(Delivery::ExactlyOnce) && !old_floors.loaded) {
+		LoadOldFloors(lanes);
+	}
 	if (n_froms != n_xids || n_walked_lsns != n_xids || n_walked_ids != n_xids) {
 		ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
 		                errmsg("outbox relay: the holes of cursor %d of %d have arrays of different lengths",
@@ -939,7 +1067,18 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		                         BoolGetDatum(block_key),
 		                         LSNGetDatum(start.order_lsn),
 		                         Int64GetDatum(start.id)};
-		step::ExecuteIn("claim", hole_candidates_stmt, hole_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		if (UseOldFloors()) {
+			Datum floor_values[17];
+			memcpy(floor_values, hole_values, sizeof(hole_values));
+			floor_values[12] = old_floors.counts;
+			floor_values[13] = old_floors.workers;
+			floor_values[14] = old_floors.writers;
+			floor_values[15] = old_floors.lsns;
+			floor_values[16] = old_floors.ids;
+			step::ExecuteIn("claim", hole_floor_candidates_stmt, floor_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		} else {
+			step::ExecuteIn("claim", hole_candidates_stmt, hole_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		}
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
 		ring.window_uncut = n_rows < limit && k == n_rows;
@@ -958,7 +1097,19 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		                          LSNGetDatum(ring.horizon),
 		                          Int32GetDatum(limit),
 		                          BoolGetDatum(block_key)};
-		step::ExecuteIn("claim", member_candidates_stmt, member_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		if (UseOldFloors()) {
+			Datum floor_values[12];
+			memcpy(floor_values, member_values, sizeof(member_values));
+			floor_values[7] = old_floors.counts;
+			floor_values[8] = old_floors.workers;
+			floor_values[9] = old_floors.writers;
+			floor_values[10] = old_floors.lsns;
+			floor_values[11] = old_floors.ids;
+			step::ExecuteIn("claim", member_floor_candidates_stmt, floor_values, nullptr, SPI_OK_SELECT,
+			                view.snapshot);
+		} else {
+			step::ExecuteIn("claim", member_candidates_stmt, member_values, nullptr, SPI_OK_SELECT, view.snapshot);
+		}
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
 		ring.to_horizon = n_rows < limit && k == n_rows;
