@@ -1095,8 +1095,21 @@ RunTransactionalBatch(const Batch &batch) {
 	char *gid = PreparedBatchGid(transactional_id, next_sequence);
 	failed = RecordOutcomes(batch, outcomes, deliveries, errors, DeferMs(), recorded, gid);
 	MaybeCrashAt("after_prepare");
-	kafka::TxnResult committed = kafka::CommitTransaction(producer, transactional_id, settings.progress_topic,
-	                                                      next_sequence, TransactionBudgetMs(), why, sizeof(why));
+	// The PREPARE on the failover standbys before Kafka commits (outbox.failover_standbys): a
+	// failover to one of them then finds the batch prepared and decides it by Kafka's record
+	// instead of sending it again. Not confirmed in time (with failover_on_timeout = wait), or a
+	// stop: the batch is not committed anywhere and goes back to pending.
+	kafka::TxnResult committed = kafka::TxnResult::Abortable;
+	snprintf(why, sizeof(why), "the failover standbys did not confirm the batch's PREPARE");
+#if PG_VERSION_NUM >= 150000
+	XLogRecPtr prepared_end = GetFlushRecPtr(nullptr);
+#else
+	XLogRecPtr prepared_end = GetFlushRecPtr();
+#endif
+	if (WaitForFailoverStandbys(prepared_end) == StandbyWait::Reached) {
+		committed = kafka::CommitTransaction(producer, transactional_id, settings.progress_topic, next_sequence,
+		                                     TransactionBudgetMs(), why, sizeof(why));
+	}
 	if (committed == kafka::TxnResult::Done) {
 		MaybeCrashAt("after_kafka_commit");
 		FinishPreparedBatch(gid, true);
@@ -1124,7 +1137,7 @@ RunTransactionalBatch(const Batch &batch) {
 		DestroyProducer();
 	}
 	MetricsNoteBatch(slot, batch, outcomes, 0, record_start);
-	NoteBatchRecorded(batch, outcomes, errors, 0, committed != kafka::TxnResult::Stopped);
+	NoteBatchRecorded(batch, outcomes, errors, 0, committed != kafka::TxnResult::Stopped && !HeldBackForStandbys());
 }
 
 // A recovery step that could not be taken: the worker waits (broker trouble) or says why
