@@ -1013,6 +1013,56 @@ StopRequestedOf(const Producer *p) noexcept {
 	return StopRequested(p->config);
 }
 
+rd_kafka_t *
+NewGroupReader(Producer *p, const char *group, char *why, size_t len) noexcept {
+	try {
+		char errstr[512];
+		rd_kafka_conf_t *conf = rd_kafka_conf_new();
+		// The producer's own properties are for producing (idempotence, acks, linger, the
+		// transactional id): only its bootstrap list, then every property of the user's (TLS,
+		// SASL), which librdkafka takes for a consumer too (a producer-only one is ignored, with
+		// a configuration warning in the log).
+		Properties own = {{"group.id", group, 0, nullptr},
+		                  {"isolation.level", "read_committed", 0, nullptr},
+		                  {"enable.auto.commit", "false", 0, nullptr},
+		                  {"enable.auto.offset.store", "false", 0, nullptr}};
+		for (const Property &property : p->properties) {
+			if (property.entry > 0 || property.name == "bootstrap.servers") {
+				own.push_back(property);
+			}
+		}
+		for (const Property &property : own) {
+			if (rd_kafka_conf_set(conf, property.name.c_str(), property.value.c_str(), errstr, sizeof(errstr)) !=
+			    RD_KAFKA_CONF_OK) {
+				rd_kafka_conf_destroy(conf);
+				snprintf(why, len, "%s",
+				         WithoutUserValues("could not configure the relay's group reader for property \"" +
+				                               property.name + "\"",
+				                           p->properties)
+				             .c_str());
+				return nullptr;
+			}
+		}
+		rd_kafka_conf_set_opaque(conf, p);
+		rd_kafka_conf_set_log_cb(conf, OnLog); // thread-safe: it only appends to the producer's lines
+		rd_kafka_t *rk;
+		{
+			AllSignalsBlocked blocked;
+			rk = rd_kafka_new(RD_KAFKA_CONSUMER, conf, errstr, sizeof(errstr));
+		}
+		if (rk == nullptr) {
+			rd_kafka_conf_destroy(conf);
+			snprintf(why, len, "%s",
+			         WithoutUserValues(std::string("could not create the relay's group reader: ") + errstr, p->properties)
+			             .c_str());
+		}
+		return rk;
+	} catch (const std::exception &e) {
+		snprintf(why, len, "could not create the relay's group reader: %s", e.what());
+		return nullptr;
+	}
+}
+
 bool
 IsFatal(const Producer *p, char *errbuf, size_t errlen) noexcept {
 	std::lock_guard<std::mutex> guard(const_cast<Producer *>(p)->mutex);

@@ -117,76 +117,47 @@ AbortTransaction(Producer *p, int budget_ms, char *why, size_t len) noexcept {
 	return Sliced(p, budget_ms, why, len, [rk](int slice) { return rd_kafka_abort_transaction(rk, slice); });
 }
 
+// Through a consumer handle of the group, not the producer's Admin API: librdkafka's
+// ListConsumerGroupOffsets on a handle without a consumer group dereferences that group when the
+// coordinator answers NOT_COORDINATOR or is still loading (librdkafka issue 5040), which happens
+// at every broker restart: a segfault of the worker, and a crash restart of the whole server.
 TxnResult
 ReadCommittedOffset(Producer *p, const char *group, const char *topic, int budget_ms, int64_t *offset, char *why,
                     size_t len) noexcept {
-	rd_kafka_t *rk = HandleOf(p);
+	rd_kafka_t *reader = NewGroupReader(p, group, why, len);
+	if (reader == nullptr) {
+		return TxnResult::Refused;
+	}
 	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
-	rd_kafka_queue_t *queue = rd_kafka_queue_new(rk);
 	TxnResult result = TxnResult::TimedOut;
-	snprintf(why, len, "no answer from Kafka within %d ms", budget_ms);
-	// An open transaction holding the group's offset answers UNSTABLE_OFFSET_COMMIT: asked again
-	// until the budget.
-	while (result == TxnResult::TimedOut && MillisLeft(deadline) > 0 && !StopRequestedOf(p)) {
-		rd_kafka_topic_partition_list_t *partitions = rd_kafka_topic_partition_list_new(1);
-		rd_kafka_topic_partition_list_add(partitions, topic, 0);
-		rd_kafka_ListConsumerGroupOffsets_t *request = rd_kafka_ListConsumerGroupOffsets_new(group, partitions);
-		rd_kafka_topic_partition_list_destroy(partitions);
-		rd_kafka_AdminOptions_t *options = rd_kafka_AdminOptions_new(rk, RD_KAFKA_ADMIN_OP_LISTCONSUMERGROUPOFFSETS);
-		char errstr[256];
-		(void)rd_kafka_AdminOptions_set_request_timeout(options, int(std::max(1L, MillisLeft(deadline))), errstr,
-		                                                sizeof(errstr));
-		rd_kafka_error_t *stable = rd_kafka_AdminOptions_set_require_stable_offsets(options, 1);
-		if (stable != nullptr) {
-			rd_kafka_error_destroy(stable);
+	snprintf(why, len, "no answer from Kafka within %d ms reading the committed offset of the relay's group", budget_ms);
+	rd_kafka_topic_partition_list_t *partitions = rd_kafka_topic_partition_list_new(1);
+	rd_kafka_topic_partition_list_add(partitions, topic, 0);
+	// A stable read: while a transaction holding the group's offset is open the coordinator answers
+	// UNSTABLE_OFFSET_COMMIT, which librdkafka asks again until the call's timeout.
+	while (MillisLeft(deadline) > 0 && !StopRequestedOf(p)) {
+		int slice = int(std::max(1L, std::min(long(kMetadataLookupMs), MillisLeft(deadline))));
+		rd_kafka_resp_err_t err = rd_kafka_committed(reader, partitions, slice);
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			err = partitions->elems[0].err;
 		}
-		rd_kafka_ListConsumerGroupOffsets(rk, &request, 1, options, queue);
-		rd_kafka_ListConsumerGroupOffsets_destroy(request);
-		rd_kafka_AdminOptions_destroy(options);
-		rd_kafka_event_t *event = AwaitAdminResult(p, queue, RD_KAFKA_EVENT_LISTCONSUMERGROUPOFFSETS_RESULT, deadline);
-		if (event == nullptr) {
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
+			*offset = partitions->elems[0].offset >= 0 ? partitions->elems[0].offset : -1;
+			result = TxnResult::Done;
 			break;
 		}
-		rd_kafka_resp_err_t err = rd_kafka_event_error(event);
-		const rd_kafka_ListConsumerGroupOffsets_result_t *answer = rd_kafka_event_ListConsumerGroupOffsets_result(event);
-		size_t n_groups = 0;
-		const rd_kafka_group_result_t **groups =
-		    answer ? rd_kafka_ListConsumerGroupOffsets_result_groups(answer, &n_groups) : nullptr;
-		const rd_kafka_error_t *group_error = n_groups == 1 ? rd_kafka_group_result_error(groups[0]) : nullptr;
-		const rd_kafka_topic_partition_list_t *found =
-		    n_groups == 1 ? rd_kafka_group_result_partitions(groups[0]) : nullptr;
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && group_error != nullptr) {
-			err = rd_kafka_error_code(group_error);
-		}
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && (found == nullptr || found->cnt != 1)) {
-			err = RD_KAFKA_RESP_ERR__BAD_MSG;
-		}
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-			err = found->elems[0].err;
-		}
-		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
-			*offset = found->elems[0].offset >= 0 ? found->elems[0].offset : -1;
-			result = TxnResult::Done;
-		} else if (err == RD_KAFKA_RESP_ERR_UNSTABLE_OFFSET_COMMIT || err == RD_KAFKA_RESP_ERR__TIMED_OUT ||
-		           err == RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS ||
-		           err == RD_KAFKA_RESP_ERR_COORDINATOR_NOT_AVAILABLE || err == RD_KAFKA_RESP_ERR_NOT_COORDINATOR ||
-		           err == RD_KAFKA_RESP_ERR__TRANSPORT) {
-			snprintf(why, len, "reading the committed offset of the relay's group: %s", rd_kafka_err2name(err));
-			rd_kafka_event_destroy(event);
-			// Not at once again: a slice's pause (the transaction in the way takes a while).
-			rd_kafka_event_t *none = rd_kafka_queue_poll(queue, int(std::min(100L, std::max(1L, MillisLeft(deadline)))));
-			if (none != nullptr) {
-				rd_kafka_event_destroy(none);
-			}
-			continue;
-		} else {
+		if (err == RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED || err == RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED ||
+		    err == RD_KAFKA_RESP_ERR__AUTHENTICATION || err == RD_KAFKA_RESP_ERR_INVALID_GROUP_ID) {
 			snprintf(why, len, "reading the committed offset of the relay's group: %s: %s", rd_kafka_err2name(err),
 			         rd_kafka_err2str(err));
 			result = TxnResult::Refused;
+			break;
 		}
-		rd_kafka_event_destroy(event);
+		snprintf(why, len, "reading the committed offset of the relay's group: %s", rd_kafka_err2name(err));
 	}
-	rd_kafka_queue_destroy(queue);
+	rd_kafka_topic_partition_list_destroy(partitions);
+	// Never subscribed: nothing to leave, and no close that could wait on a coordinator.
+	rd_kafka_destroy_flags(reader, RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
 	if (result == TxnResult::TimedOut && StopRequestedOf(p)) {
 		result = TxnResult::Stopped;
 	}

@@ -87,6 +87,7 @@ TimestampTz last_outage_logged_at = 0;
 // so the worker may claim; `next_sequence`: the number of the next batch (Kafka's committed offset
 // of the worker's group + 1).
 char transactional_id[192];
+bool transactions_ready = false; // the producer's InitTransactions ran (once per producer)
 bool recovered = false;
 int64 next_sequence = 0;
 
@@ -362,6 +363,7 @@ EnsureProducer() {
 		return false;
 	}
 	recovered = false;
+	transactions_ready = false;
 	strlcpy(transactional_id, ExactlyOnce() ? TransactionalId(worker_index, worker_count) : "",
 	        sizeof(transactional_id));
 	producer = kafka::CreateProducer(CurrentProducerConfig(), error, sizeof(error));
@@ -1213,11 +1215,12 @@ bool
 RecoverOtherIdentities() {
 	char *ours = psprintf("%s-%llu-%u-", settings.transactional_id_prefix, (unsigned long long)GetSystemIdentifier(),
 	                      unsigned(MyDatabaseId));
-	char *own_gids = psprintf("outbox:%s:", transactional_id);
+	// This count's identities: each decides its own batches (another worker's here would fence it).
+	char *this_count = psprintf("outbox:%s%d-", ours, worker_count);
 	ListCell *lc;
 	foreach (lc, PreparedBatchGids("outbox:", settings.relay_role)) {
 		const char *gid = static_cast<const char *>(lfirst(lc));
-		if (strncmp(gid, own_gids, strlen(own_gids)) == 0) {
+		if (strncmp(gid, this_count, strlen(this_count)) == 0) {
 			continue;
 		}
 		// outbox:<id>:<sequence>:<nonce>
@@ -1273,11 +1276,16 @@ RecoverTransactionalSlot() {
 		NoteRecoveryTrouble(made, why);
 		return false;
 	}
-	kafka::TxnResult fenced =
-	    kafka::InitTransactions(producer, kafka::TransactionTimeoutMs(settings.publish_timeout_ms), why, sizeof(why));
-	if (fenced != kafka::TxnResult::Done) {
-		NoteRecoveryTrouble(fenced, why);
-		return false;
+	// Once per producer (librdkafka refuses a second one): a recovery that waits for worker 0 to
+	// decide an old count's batch comes back here with the producer ready.
+	if (!transactions_ready) {
+		kafka::TxnResult fenced = kafka::InitTransactions(
+		    producer, kafka::TransactionTimeoutMs(settings.publish_timeout_ms), why, sizeof(why));
+		if (fenced != kafka::TxnResult::Done) {
+			NoteRecoveryTrouble(fenced, why);
+			return false;
+		}
+		transactions_ready = true;
 	}
 	int64 committed = 0;
 	if (!RecoverOtherIdentities() || !DecidePreparedBatches(producer, transactional_id, &committed)) {
