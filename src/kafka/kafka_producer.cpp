@@ -250,7 +250,7 @@ BuildProperties(const ProducerConfig &config, Properties *out, std::string *erro
 	own("message.max.bytes", std::to_string(std::max(1000000L, long(config.max_event_bytes) + 65536L)));
 	if (IsTransactional(config)) {
 		own("transactional.id", config.transactional_id);
-		own("transaction.timeout.ms", std::to_string(TransactionTimeoutMs(config.message_timeout_ms)));
+		own("transaction.timeout.ms", std::to_string(config.transaction_timeout_ms));
 	}
 	return ParseUserProperties(config.extra_properties, out, error) &&
 	       ParsePropertiesFile(config.properties_file, out, error) && RefuseReserved(*out, error);

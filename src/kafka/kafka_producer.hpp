@@ -90,6 +90,7 @@ struct ProducerConfig {
 	// "" for the idempotent producer (at least once); else outbox.delivery = exactly_once's
 	// transactional.id (kafka_transactions.hpp): one handle whatever `connections` says.
 	const char *transactional_id;
+	int transaction_timeout_ms; // exactly_once: kafka_transactions.hpp TransactionTimeoutMs
 };
 
 class Producer;

@@ -18,13 +18,15 @@
 namespace outbox::kafka {
 
 // librdkafka's message.timeout.ms (outbox.publish_timeout) must not pass transaction.timeout.ms;
-// a minute more leaves room for the delivery wait, the PREPARE and the commit. Capped by the
-// brokers' transaction.max.timeout.ms default (15 minutes). A worker killed mid-transaction holds
-// back read_committed consumers of the partitions it wrote at most this long (its restart's
-// InitTransactions ends it sooner).
+// the batch's transaction stays open through the delivery wait, the PREPARE, the failover wait
+// for it (outbox.failover_wait_timeout, when failover standbys are named) and the commit: a
+// minute more than those. Capped by the brokers' transaction.max.timeout.ms default (15 minutes).
+// A worker killed mid-transaction holds back read_committed consumers of the partitions it wrote
+// at most this long (its restart's InitTransactions ends it sooner).
 constexpr int
-TransactionTimeoutMs(int publish_timeout_ms) {
-	return publish_timeout_ms + 60000 < 900000 ? publish_timeout_ms + 60000 : 900000;
+TransactionTimeoutMs(int publish_timeout_ms, int failover_wait_ms) {
+	long ms = long(publish_timeout_ms) + long(failover_wait_ms) + 60000L;
+	return ms < 900000L ? int(ms) : 900000;
 }
 
 enum class TxnResult {

@@ -10,12 +10,14 @@
 // workers for that statement only (RenameWillProceed).
 //
 // The same hook tells the launcher what other statements change for it, once they succeeded
-// (launcher_requests.cpp NoteStatementForLauncher).
+// (launcher_requests.cpp NoteStatementForLauncher), and keeps exactly_once's reserve of prepared
+// transaction slots (prepared_reserve.hpp).
 #include "launcher/drop_database.hpp"
 
 #include "shared/boundary.hpp"
 #include "shared/guc.hpp"
 #include "launcher/launcher.hpp"
+#include "launcher/prepared_reserve.hpp"
 #include "shared/shmem.hpp"
 #include "shared/wait_events.hpp"
 
@@ -185,6 +187,9 @@ void
 OnUtility(PlannedStmt *pstmt, const char *query, bool read_only_tree, ProcessUtilityContext context,
           ParamListInfo params, QueryEnvironment *query_env, DestReceiver *dest, QueryCompletion *qc) {
 	Node *stmt = pstmt->utilityStmt;
+	if (IsA(stmt, TransactionStmt) && reinterpret_cast<TransactionStmt *>(stmt)->kind == TRANS_STMT_PREPARE) {
+		RefusePrepareIntoRelayReserve();
+	}
 	bool outbox_existed = OutboxExtensionExistsFor(stmt);
 	Oid stopped_for = InvalidOid;
 	if (IsA(stmt, DropdbStmt)) {

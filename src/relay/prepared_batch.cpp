@@ -7,9 +7,15 @@
 namespace outbox {
 
 constexpr int kNonceBytes = 8;
+constexpr int kTagDigits = 8;
+
+uint32
+TopicTag(const char *progress_topic) {
+	return hash_bytes(reinterpret_cast<const unsigned char *>(progress_topic), int(strlen(progress_topic)));
+}
 
 char *
-PreparedBatchGid(const char *transactional_id, int64 sequence) {
+PreparedBatchGid(const char *transactional_id, int64 sequence, const char *progress_topic) {
 	uint8 nonce[kNonceBytes];
 	if (!pg_strong_random(nonce, sizeof(nonce))) {
 		ereport(ERROR, (errcode(ERRCODE_INTERNAL_ERROR), errmsg("outbox relay: could not generate random bytes")));
@@ -18,11 +24,12 @@ PreparedBatchGid(const char *transactional_id, int64 sequence) {
 	for (int i = 0; i < kNonceBytes; i++) {
 		snprintf(hex + 2 * i, 3, "%02x", nonce[i]);
 	}
-	return psprintf("outbox:%s:%lld:%s", transactional_id, (long long)sequence, hex);
+	return psprintf("outbox:%s:%lld:%08x%s", transactional_id, (long long)sequence, TopicTag(progress_topic), hex);
 }
 
 int64
-PreparedBatchSequence(const char *gid, const char *transactional_id) {
+PreparedBatchSequence(const char *gid, const char *transactional_id, const char *progress_topic, bool *same_topic) {
+	*same_topic = false;
 	size_t id_len = strlen(transactional_id);
 	if (strncmp(gid, "outbox:", 7) != 0 || strncmp(gid + 7, transactional_id, id_len) != 0 || gid[7 + id_len] != ':') {
 		return -1;
@@ -31,9 +38,13 @@ PreparedBatchSequence(const char *gid, const char *transactional_id) {
 	char *end = nullptr;
 	errno = 0;
 	long long sequence = strtoll(digits, &end, 10);
-	if (errno != 0 || end == digits || *end != ':' || strlen(end + 1) != 2 * kNonceBytes || sequence < 1) {
+	if (errno != 0 || end == digits || *end != ':' || strlen(end + 1) != kTagDigits + 2 * kNonceBytes ||
+	    sequence < 1) {
 		return -1;
 	}
+	char tag[kTagDigits + 1];
+	snprintf(tag, sizeof(tag), "%08x", TopicTag(progress_topic));
+	*same_topic = strncmp(end + 1, tag, kTagDigits) == 0;
 	return int64(sequence);
 }
 

@@ -7,12 +7,16 @@
 
 namespace outbox {
 
-// The gid of batch `sequence` of the relay identity `transactional_id`:
-// "outbox:<id>:<sequence>:<nonce>". The random nonce keeps any other role from taking the gid
-// first (a role that may PREPARE could otherwise make the relay's PREPARE fail, batch after batch).
-char *PreparedBatchGid(const char *transactional_id, int64 sequence);
-// The batch sequence in a gid of `transactional_id`, or -1 when the gid is not one of its.
-int64 PreparedBatchSequence(const char *gid, const char *transactional_id);
+// The gid of batch `sequence` of the relay identity `transactional_id`, whose offset goes to
+// `progress_topic`: "outbox:<id>:<sequence>:<topic tag><nonce>", the tag 8 hex digits of a hash of
+// the topic's name (recovery decides a batch only by the offsets of the topic it was committed
+// with), the random nonce 16 hex digits (no other role can take the gid first: a role that may
+// PREPARE could otherwise make the relay's PREPARE fail, batch after batch).
+char *PreparedBatchGid(const char *transactional_id, int64 sequence, const char *progress_topic);
+// The batch sequence in a gid of `transactional_id`, or -1 when the gid is not one of its;
+// *same_topic: its tag is `progress_topic`'s.
+int64 PreparedBatchSequence(const char *gid, const char *transactional_id, const char *progress_topic,
+                            bool *same_topic);
 
 // The gids of this database's prepared transactions that start with `prefix` and that `owner`
 // prepared (the relay's role: no other role may make the relay decide its transactions), in gid

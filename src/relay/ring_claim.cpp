@@ -210,27 +210,24 @@ const char *const kHoleWindowSql =
     "ORDER BY m.order_lsn, m.id OFFSET $5 LIMIT 1";
 #undef OUTBOX_RING_POSITIONS
 
-// exactly_once (DESIGN.md "Exactly once", "A change of outbox.workers"): what the old counts'
-// slots handled, as floors of the new slot's walks. A slot of a count in `old` (kCursorCreateSql's
-// set) has handled every committed row of its lanes at or below its cursor, except rows of its
-// holes, of which it handled those at or below the hole's walked position (the ring's invariant,
-// DESIGN.md "Why nothing committed is skipped"). One entry per old slot (x = 0: every writer but
-// its holes', up to its cursor) and per hole of it (x: that writer's rows, up to where its walk
-// got). The new slot starts at the lowest old cursor; without these it would send the rows between
-// it and a lane's own old cursor again.
+// exactly_once (DESIGN.md "Exactly once", "A change of outbox.workers"): what the slots of other
+// counts handled, as floors of this slot's walks. By the ring's invariant every slot, of any count
+// and however long ago it ran, has handled every committed row of its lanes at or below its cursor
+// (published it, copied it into event_state, or carries it as a row of one of its holes), and of
+// its holes' rows those at or below the hole's walked position. One entry per such slot (x = 0:
+// every writer but its holes', up to its cursor) and per hole of it (x: that writer's rows, up to
+// where its walk got). A row an entry covers was handled, so leaving it out loses nothing; every
+// count is taken, not only those kCursorCreateSql starts from, because a slot of a middle count
+// that lagged leaves rows below an older count's cursor that only that older count's entry covers.
+// The new slot starts at the lowest old cursor; without these it would send the rows between it
+// and a lane's own old cursor again.
 const char *const kOldFloorsSql = R"SQL(
-WITH moved AS (
-	SELECT o.n_workers, max(o.updated_at) AS at, count(*) = o.n_workers AS complete
-	FROM outbox.cursors o WHERE o.n_workers <> $1 GROUP BY o.n_workers
-), old AS (
-	SELECT m.n_workers FROM moved m WHERE m.at >= (SELECT max(c.at) FROM moved c WHERE c.complete)
-)
 SELECT c.n_workers, c.worker, '0'::xid8, c.order_lsn, c.id
-FROM outbox.cursors c WHERE c.n_workers IN (SELECT n_workers FROM old)
+FROM outbox.cursors c WHERE c.n_workers <> $1
 UNION ALL
 SELECT c.n_workers, c.worker, u.x, u.l, u.i
 FROM outbox.cursors c, unnest(c.hole_xids, c.hole_walked_lsns, c.hole_walked_ids) AS u(x, l, i)
-WHERE c.n_workers IN (SELECT n_workers FROM old)
+WHERE c.n_workers <> $1
 )SQL";
 
 // The rows of `alias` that an old slot handled (kOldFloorsSql's entries in parameters n .. n+4).

@@ -88,6 +88,7 @@ TimestampTz last_outage_logged_at = 0;
 // of the worker's group + 1).
 char transactional_id[192];
 bool transactions_ready = false; // the producer's InitTransactions ran (once per producer)
+char producer_progress_topic[256]; // outbox.progress_topic when the producer was made
 bool recovered = false;
 int64 next_sequence = 0;
 
@@ -268,6 +269,12 @@ ExactlyOnce() {
 	return settings.delivery == int(Delivery::ExactlyOnce);
 }
 
+int
+TransactionTimeoutMs() {
+	bool failover_wait = settings.failover_standbys != nullptr && settings.failover_standbys[0] != '\0';
+	return kafka::TransactionTimeoutMs(settings.publish_timeout_ms, failover_wait ? settings.failover_wait_timeout_ms : 0);
+}
+
 // This worker's Kafka identity under exactly_once: stable across restarts of the worker and the
 // server, different for every worker of every database of every cluster (a clone of the cluster
 // keeps the system identifier: outbox.transactional_id_prefix tells two apart). It names the
@@ -290,7 +297,8 @@ CurrentProducerConfig() {
 	                             settings.max_payload_bytes,
 	                             settings.kafka_connections,
 	                             StopRequested,
-	                             ExactlyOnce() ? TransactionalId(worker_index, worker_count) : ""};
+	                             ExactlyOnce() ? TransactionalId(worker_index, worker_count) : "",
+	                             TransactionTimeoutMs()};
 }
 
 // The settings of the database (ALTER DATABASE ... SET, which its owner may do) and of the role
@@ -364,6 +372,7 @@ EnsureProducer() {
 	}
 	recovered = false;
 	transactions_ready = false;
+	strlcpy(producer_progress_topic, settings.progress_topic, sizeof(producer_progress_topic));
 	strlcpy(transactional_id, ExactlyOnce() ? TransactionalId(worker_index, worker_count) : "",
 	        sizeof(transactional_id));
 	producer = kafka::CreateProducer(CurrentProducerConfig(), error, sizeof(error));
@@ -380,7 +389,9 @@ ReloadSettings() {
 	ConfigReloadPending = false;
 	ProcessConfigFile(PGC_SIGHUP);
 	PinSessionSettings();
-	if (producer && KafkaSettingsChanged()) {
+	// exactly_once: a new progress topic is made (and its offsets read) by a new producer's recovery.
+	if (producer && (KafkaSettingsChanged() || (transactional_id[0] != '\0' &&
+	                                            strcmp(producer_progress_topic, settings.progress_topic) != 0))) {
 		// Between batches nothing is in flight: safe to remake the producer.
 		DestroyProducer();
 	}
@@ -1094,7 +1105,7 @@ RunTransactionalBatch(const Batch &batch) {
 	}
 
 	SetWorkerState(slot, WorkerState::Recording);
-	char *gid = PreparedBatchGid(transactional_id, next_sequence);
+	char *gid = PreparedBatchGid(transactional_id, next_sequence, producer_progress_topic);
 	failed = RecordOutcomes(batch, outcomes, deliveries, errors, DeferMs(), recorded, gid);
 	MaybeCrashAt("after_prepare");
 	// The PREPARE on the failover standbys before Kafka commits (outbox.failover_standbys): a
@@ -1102,6 +1113,7 @@ RunTransactionalBatch(const Batch &batch) {
 	// instead of sending it again. Not confirmed in time (with failover_on_timeout = wait), or a
 	// stop: the batch is not committed anywhere and goes back to pending.
 	kafka::TxnResult committed = kafka::TxnResult::Abortable;
+	// The offset goes to the topic the gid names (a reload between batches remakes the producer).
 	snprintf(why, sizeof(why), "the failover standbys did not confirm the batch's PREPARE");
 #if PG_VERSION_NUM >= 150000
 	XLogRecPtr prepared_end = GetFlushRecPtr(nullptr);
@@ -1109,7 +1121,7 @@ RunTransactionalBatch(const Batch &batch) {
 	XLogRecPtr prepared_end = GetFlushRecPtr();
 #endif
 	if (WaitForFailoverStandbys(prepared_end) == StandbyWait::Reached) {
-		committed = kafka::CommitTransaction(producer, transactional_id, settings.progress_topic, next_sequence,
+		committed = kafka::CommitTransaction(producer, transactional_id, producer_progress_topic, next_sequence,
 		                                     TransactionBudgetMs(), why, sizeof(why));
 	}
 	if (committed == kafka::TxnResult::Done) {
@@ -1187,7 +1199,14 @@ DecidePreparedBatches(kafka::Producer *p, const char *id, int64 *committed) {
 	ListCell *lc;
 	foreach (lc, PreparedBatchGids(psprintf("outbox:%s:", id), settings.relay_role)) {
 		const char *gid = static_cast<const char *>(lfirst(lc));
-		int64 batch = PreparedBatchSequence(gid, id);
+		bool same_topic = false;
+		int64 batch = PreparedBatchSequence(gid, id, settings.progress_topic, &same_topic);
+		if (batch >= 1 && !same_topic) {
+			NoteUndecidable(gid, psprintf("it was prepared while outbox.progress_topic named another topic than "
+			                              "\"%s\", whose offsets cannot decide it",
+			                              settings.progress_topic));
+			return false;
+		}
 		bool commit = batch >= 1 && offset == batch;
 		bool rollback = batch >= 1 && (offset == batch - 1 || (offset < 0 && batch == 1));
 		if (!commit && !rollback) {
@@ -1212,15 +1231,17 @@ DecidePreparedBatches(kafka::Producer *p, const char *id, int64 *committed) {
 // of their keys go first. A prepared batch of an identity this cluster does not make (another
 // prefix, another system identifier) is reported, not decided.
 bool
-RecoverOtherIdentities() {
+RecoverOtherIdentities(bool transactional) {
 	char *ours = psprintf("%s-%llu-%u-", settings.transactional_id_prefix, (unsigned long long)GetSystemIdentifier(),
 	                      unsigned(MyDatabaseId));
 	// This count's identities: each decides its own batches (another worker's here would fence it).
-	char *this_count = psprintf("outbox:%s%d-", ours, worker_count);
+	// At least once nobody would: worker 0 decides them all (exactly_once turned off with a batch in
+	// doubt, whose locks would hold the slot's claims).
+	char *this_count = transactional ? psprintf("outbox:%s%d-", ours, worker_count) : nullptr;
 	ListCell *lc;
 	foreach (lc, PreparedBatchGids("outbox:", settings.relay_role)) {
 		const char *gid = static_cast<const char *>(lfirst(lc));
-		if (strncmp(gid, this_count, strlen(this_count)) == 0) {
+		if (this_count && strncmp(gid, this_count, strlen(this_count)) == 0) {
 			continue;
 		}
 		// outbox:<id>:<sequence>:<nonce>
@@ -1247,7 +1268,7 @@ RecoverOtherIdentities() {
 			NoteRecoveryTrouble(kafka::TxnResult::Refused, why);
 			return false;
 		}
-		kafka::TxnResult fenced = kafka::InitTransactions(old, kafka::TransactionTimeoutMs(settings.publish_timeout_ms),
+		kafka::TxnResult fenced = kafka::InitTransactions(old, TransactionTimeoutMs(),
 		                                                  why, sizeof(why));
 		int64 committed = 0;
 		bool decided = fenced == kafka::TxnResult::Done && DecidePreparedBatches(old, id, &committed);
@@ -1280,7 +1301,7 @@ RecoverTransactionalSlot() {
 	// decide an old count's batch comes back here with the producer ready.
 	if (!transactions_ready) {
 		kafka::TxnResult fenced = kafka::InitTransactions(
-		    producer, kafka::TransactionTimeoutMs(settings.publish_timeout_ms), why, sizeof(why));
+		    producer, TransactionTimeoutMs(), why, sizeof(why));
 		if (fenced != kafka::TxnResult::Done) {
 			NoteRecoveryTrouble(fenced, why);
 			return false;
@@ -1288,7 +1309,7 @@ RecoverTransactionalSlot() {
 		transactions_ready = true;
 	}
 	int64 committed = 0;
-	if (!RecoverOtherIdentities() || !DecidePreparedBatches(producer, transactional_id, &committed)) {
+	if (!RecoverOtherIdentities(true) || !DecidePreparedBatches(producer, transactional_id, &committed)) {
 		return false;
 	}
 	next_sequence = committed + 1;
@@ -1633,12 +1654,16 @@ RelayMain(Datum arg) {
 			continue;
 		}
 		// exactly_once: a new producer decides what its predecessor left in doubt before any claim.
-		if (Transactional() && !recovered && !RecoverTransactionalSlot()) {
+		// At least once: batches exactly_once left in doubt before it was turned off (their locks
+		// would hold the claims), once per producer; none can exist without prepared transactions.
+		if (!recovered && (Transactional() ? !RecoverTransactionalSlot()
+		                                   : max_prepared_xacts > 0 && !RecoverOtherIdentities(false))) {
 			if (backoff_until <= GetCurrentTimestamp()) {
 				WaitFor(settings.poll_interval_ms);
 			}
 			continue;
 		}
+		recovered = true;
 		// The last batch was held back for a lagging failover standby: claim (and lock) nothing
 		// until it has caught up (standby_wait.cpp).
 		if (!WaitForHeldBackStandbys(settings.poll_interval_ms)) {
