@@ -910,7 +910,8 @@ PauseClaimStep() {
 } // namespace
 
 TableState
-ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued) {
+ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued, int max_events) {
+	int batch_size = max_events > 0 ? Min(max_events, settings.batch_size) : settings.batch_size;
 	claim_open = false; // an ERROR ended the last one
 	batch->n = 0;
 	batch->events = nullptr;
@@ -923,7 +924,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	}
 	claim_on_ring = step_ring;
 	if (step_ring) {
-		RingClaim(lanes, into, batch); // the ring's own claim (ring_claim.cpp); the tail below is shared
+		RingClaim(lanes, into, batch, batch_size); // the ring's own claim (ring_claim.cpp); the tail below is shared
 		return FinishClaim(batch);
 	}
 	Datum lane_values[2] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker)};
@@ -938,7 +939,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 	for (int round = 0;; round++) {
 		int passed_before = passed_over.n;
 		Datum values[6] = {Int32GetDatum(lanes.n_workers), Int32GetDatum(lanes.worker),
-		                   Int32GetDatum(settings.batch_size),
+		                   Int32GetDatum(batch_size),
 		                   BoolGetDatum(settings.failed_event_policy == int(FailedEventPolicy::BlockKey)),
 		                   passed_before > 0 ? ArrayOf(passed_over.topics, passed_before, TEXTOID) : Datum(0),
 		                   passed_before > 0 ? ArrayOf(passed_over.keys, passed_before, TEXTOID) : Datum(0)};
@@ -958,7 +959,7 @@ ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeu
 			bytes += DatumGetInt64(SPI_getbinval(tuple, candidates->tupdesc, 5, &isnull));
 			n_fit++;
 		}
-		batch->cut = n_fit < n_candidates || n_candidates >= settings.batch_size;
+		batch->cut = n_fit < n_candidates || n_candidates >= batch_size;
 		if (n_fit == 0) {
 			break;
 		}

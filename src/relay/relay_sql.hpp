@@ -88,7 +88,8 @@ struct LaneSet {
 // was claimed. With a non-empty batch the claim's transaction stays open, holding the rows'
 // locks, and the caller must call RecordOutcomes (an ERROR meanwhile aborts it: the rows stay
 // pending, unlocked).
-TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued);
+// `max_events`: at most this many events (0: outbox.batch_size), for claims that must be small.
+TableState ClaimBatch(const LaneSet &lanes, MemoryContext into, Batch *batch, int64 *requeued, int max_events = 0);
 
 // Records published events (indices into the batch) in the claim's transaction and leaves it
 // open: the worker records a batch's first acks while the rest of it is still in flight.

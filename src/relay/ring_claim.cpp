@@ -869,7 +869,7 @@ RingRightsProblem(Oid nsp, Oid role) {
 }
 
 void
-RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
+RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size) {
 	ring = RingClaimState{};
 	ring.lanes = lanes;
 	batch->n = 0;
@@ -980,7 +980,6 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch) {
 		}
 	}
 
-	int batch_size = settings.batch_size;
 	bool block_key = settings.failed_event_policy == int(FailedEventPolicy::BlockKey);
 	old = MemoryContextSwitchTo(into);
 	batch->events = static_cast<ClaimedEvent *>(palloc0(sizeof(ClaimedEvent) * batch_size));

@@ -33,7 +33,7 @@ const char *RingRightsProblem(Oid nsp, Oid role);
 // cursor below W, the last two in S.
 // Rows held behind an earlier event of their key are copied into event_state here. An empty
 // batch has its cursor written already; a non-empty one is recorded by RingRecordOutcomes.
-void RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch);
+void RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size);
 
 // In the claim's resumed step: landed rows for the published events given, and their
 // event_state rows deleted.

@@ -91,6 +91,9 @@ bool transactions_ready = false; // the producer's InitTransactions ran (once pe
 char producer_progress_topic[256]; // outbox.progress_topic when the producer was made
 bool recovered = false;
 int64 next_sequence = 0;
+// exactly_once: claims of one event each still to make, after a batch whose Kafka transaction the
+// broker refused for a record batch that each of its events passes alone (IsolateRefusedInTransactions).
+int solo_claims_left = 0;
 
 LaneSet
 MyLanes() {
@@ -1021,10 +1024,17 @@ IsolateRefusedInTransactions(const Batch &batch, Outcome *outcomes, kafka::Deliv
 			continue;
 		}
 		tried++;
+		bool refused_with_others = RefusedWithItsBatch(deliveries[i]);
 		long left_ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until);
 		bool complete = SendEvents(batch, &i, 1, deliveries, left_ms + kPublishWaitMarginMs, nullptr);
 		bool ignored = false;
 		TakeResult(i, deliveries[i], outcomes, errors, &ignored);
+		if (outcomes[i] == Outcome::Published && refused_with_others) {
+			// It passes alone and was refused with the others of its record batch: claimed alone,
+			// each in a transaction of its own, as far as the batch went up to it, so the batch is
+			// not refused again and again (nothing is ever charged for it).
+			solo_claims_left = Max(solo_claims_left, Min(i + 1, kMaxSoloSendsPerBatch));
+		}
 		if (outcomes[i] != Outcome::Rejected) {
 			outcomes[i] = Outcome::Requeued; // appended alone: not its fault
 		}
@@ -1676,7 +1686,11 @@ RelayMain(Datum arg) {
 		Batch batch{0, nullptr, false, false};
 		int64 requeued = 0;
 		instr_time claim_start = MetricsNow();
-		TableState table = ClaimBatch(MyLanes(), batch_context, &batch, &requeued);
+		TableState table =
+		    ClaimBatch(MyLanes(), batch_context, &batch, &requeued, Transactional() && solo_claims_left > 0 ? 1 : 0);
+		if (batch.n > 0 && solo_claims_left > 0) {
+			solo_claims_left--;
+		}
 		MetricsNoteClaim(slot, claim_start);
 		if (requeued > 0) {
 			ereport(LOG, (errmsg("outbox relay %d: %lld in-flight events returned to pending", worker_index,
