@@ -52,9 +52,16 @@ HEALTH_SYSTEMS = ["outbox_040", "outbox"]
 HEALTH_SYSTEMS_DEFAULT = ["outbox_040"]
 # outbox_040_1conn: the same relay with outbox.kafka_connections = 1 (one producer that partitions
 # itself, the relay before that setting): what the connections give, in the same run.
-BURST_SYSTEMS = ["outbox", "outbox_040", "outbox_040_1conn", "tuned", "batched", "floor_delete", "floor_update",
-                 "floor_update2"]
-PREVIEW_CONNECTIONS = {"outbox_040": None, "outbox_040_1conn": 1}  # None: the setting's default
+# outbox_040_eos: the same relay with outbox.delivery = exactly_once (issue 18): one transactional
+# producer per worker (kafka_connections ignored), one Kafka transaction per batch, the batch's
+# record prepared before the Kafka commit and COMMIT PREPARED after; what that costs, in the same run
+# (common.BENCH_SETTINGS gives the server the max_prepared_transactions it needs).
+BURST_SYSTEMS = ["outbox", "outbox_040", "outbox_040_1conn", "outbox_040_eos", "tuned", "batched", "floor_delete",
+                 "floor_update", "floor_update2"]
+# The preview's relay cells: system -> its outbox.* settings (None: the setting's default).
+PREVIEW_SYSTEMS = {"outbox_040": {"kafka_connections": None, "delivery": None},
+                   "outbox_040_1conn": {"kafka_connections": 1, "delivery": None},
+                   "outbox_040_eos": {"kafka_connections": None, "delivery": "exactly_once"}}
 
 
 def pgbench_scripts(stdout, n):
@@ -228,7 +235,7 @@ class Bench:
         load's transaction (the burst workloads load without)."""
         db = self.db
         seen_drained = None
-        if system in PREVIEW_CONNECTIONS:
+        if system in PREVIEW_SYSTEMS:
             return self.preview_drain(workers, rtt, dataset, n, label, topics, partitions, system)
         self.prepare(system, workers, rtt)
         if topics:
@@ -360,19 +367,41 @@ class Bench:
         idle at the same settings; the same load (one transaction, no ANALYZE, autovacuum off for
         the schema's tables), drained at once. Published = named by outbox.landed (the contract's
         definition); rate = n / (the last landed row's published_at - commit of the load); the
-        delivery is read back from Kafka and checked against the preview's outbox.events view
-        (lost, duplicates, per-key order, unpublished rows) and the landed ids (each once)."""
+        delivery is read back from Kafka (read_committed) and checked against the preview's
+        outbox.events view (lost, duplicates, per-key order, unpublished rows) and the landed ids
+        (each once). Per run also the batches the workers recorded (outbox.worker_metrics) and the
+        time per batch; outbox_040_eos (outbox.delivery = exactly_once) also its transactional ids,
+        the progress group's committed offsets as Kafka reports them, and the prepared batches
+        left (none)."""
         db = self.db
         if self.preview_reason:
             raise common.Skipped(self.preview_reason)
+        outbox = dict(PREVIEW_SYSTEMS[system])
+        exactly_once = outbox["delivery"] == "exactly_once"
+        if exactly_once:
+            reason = common.exactly_once_available(db, workers)
+            if reason:
+                raise common.Skipped(reason)
         self.mock.set_rtt(rtt)
         db.reset_outbox()
         self.seed_index_on(False)
         self.tuned_index_on(False)
-        connections = PREVIEW_CONNECTIONS[system]
-        db.configure(workers, self.mock.bootstrap, {"jit": "on", "track_commit_timestamp": "off"},
-                     kafka_connections=connections)
+        bootstrap = self.mock.bootstrap
+        progress_topic = None
+        if exactly_once:
+            # librdkafka 2.0.2's mock cluster and the exactly_once relay (README "exactly_once on
+            # the mock cluster"): the mock serves no CreateTopics, so the progress topic is made
+            # here, one partition, as an operator would; the relay finds it and makes nothing.
+            # (The server-wide setting also puts the paused 0.3.0 relay of "postgres" in
+            # exactly_once: it recovers the same way and stays idle.)
+            progress_topic = db.value("SELECT setting FROM pg_settings WHERE name = 'outbox.progress_topic'")
+            self.mock.ensure_topic(progress_topic, 1)
+        # exactly_once: track_commit_timestamp on, so that the drain ends at the last batch's COMMIT
+        # PREPARED (after its Kafka commit), not at its record statement, which runs before both.
+        db.configure(workers, bootstrap, {"jit": "on", "track_commit_timestamp": "on" if exactly_once else "off"},
+                     **outbox)
         connections = int(db.value("SELECT setting FROM pg_settings WHERE name = 'outbox.kafka_connections'"))
+        delivery = db.value("SELECT setting FROM pg_settings WHERE name = 'outbox.delivery'")
         pdb = common.Database(db, common.PREVIEW_DB)
         try:
             common.relay_paused(db, True)  # the 0.3.0 relay of "postgres": nothing to do, but off
@@ -384,7 +413,9 @@ class Bench:
                 pdb.sql(f"ALTER TABLE {t} SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
             common.preview_relay_ready(db, workers)
             topic = [self.mock.new_topic(f"{label}-{t}", partitions) for t in topics]
-            res = {"system": system, "kafka_connections": connections, "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
+            res = {"system": system, "kafka_connections": connections, "delivery": delivery,
+                   "progress_topic": progress_topic,
+                   "workers": workers, "rtt_ms": rtt, "dataset": dataset, "events": n,
                    "partitions": partitions, "brokers": self.mock.brokers, "window_s": None, "tailing_reader": False,
                    "topics": len(topics), "analyze": False, "database": common.PREVIEW_DB,
                    "extversion": pdb.value("SELECT extversion FROM pg_extension WHERE extname = 'outbox'")}
@@ -410,6 +441,13 @@ class Bench:
                                      for r in common.preview_workers(db)]
             res.update(common.preview_phases(db))
             landed_ids, distinct_ids, t_end = common.preview_landed(db)
+            if exactly_once:
+                # The last landed row's published_at is its record statement's time, in the batch's
+                # prepared transaction, before the Kafka commit; the batch is visible to
+                # read_committed consumers only after it: the end is the last COMMIT PREPARED.
+                res["seconds_to_last_record"] = round(t_end - t0, 3)
+                t_end = float(pdb.value("SELECT extract(epoch FROM max(pg_xact_commit_timestamp(xmin))) "
+                                        "FROM outbox.landed"))
             res.update({"published": distinct_ids, "landed_ids": landed_ids, "landed_distinct_ids": distinct_ids,
                         "landed_rows": int(pdb.value("SELECT count(*) FROM outbox.landed")),
                         "analyzed_during_run": int(pdb.value(analyzed)) - analyzed_before,
@@ -419,6 +457,22 @@ class Bench:
             if landed_ids != distinct_ids or distinct_ids != n:
                 raise RuntimeError(f"{label}: outbox.landed names {landed_ids} ids, {distinct_ids} distinct, "
                                    f"for {n} events")
+            # Per batch: the drain's time over the batches the workers recorded (each worker's
+            # batches are one after another: with w workers, w batches share the time).
+            if res["batches"]:
+                res["events_per_batch"] = round(res["batch_events"] / res["batches"], 1)
+                res["ms_per_batch"] = round(1000 * res["seconds"] * workers / res["batches"], 2)
+                res["ms_per_batch_observed"] = round(1000 * res["seconds_observed"] * workers / res["batches"], 2)
+                res["phase_ms_per_batch"] = {k: round(1000 * v["seconds"] / v["count"], 2) if v["count"] else None
+                                             for k, v in res["phases"].items()}
+            if exactly_once:
+                res["prepared_left"] = common.prepared_batches_left(db)
+                res["transactional_ids"] = common.transactional_ids(db, workers)
+                res["progress_offsets"] = common.progress_offsets(self.mock.bootstrap, res["transactional_ids"],
+                                                                  progress_topic)
+                if res["prepared_left"]:
+                    raise RuntimeError(f"{label}: {res['prepared_left']} prepared batches left after the drain: "
+                                       f"{db.sql('SELECT gid, prepared FROM pg_prepared_xacts')}")
             res["verify"] = verify(pdb, self.mock, topic)
         finally:
             db.sql(f'DROP DATABASE IF EXISTS "{common.PREVIEW_DB}" WITH (FORCE)')
@@ -430,7 +484,13 @@ class Bench:
         log("    preview worker phases: " + ", ".join(f"{k} {v['count']} x {1000 * v['seconds'] / max(v['count'], 1):.0f} ms"
                                                      for k, v in res["phases"].items())
             + f"; {len(res['record_statements'])} record statements over "
-              f"{res['record_statements'][-1][0] if res['record_statements'] else 0:.0f} ms")
+              f"{res['record_statements'][-1][0] if res['record_statements'] else 0:.0f} ms"
+            + (f"; {res['batches']} batches of {res['events_per_batch']} events, {res['ms_per_batch']} ms per batch"
+               if res.get("batches") else ""))
+        if exactly_once:
+            log(f"    exactly_once: delivery {res['delivery']}, prepared batches left {res['prepared_left']}, "
+                f"progress group offsets on {progress_topic}: {res['progress_offsets']}, "
+                f"read back {res['verify']['isolation_level']}")
         return res
 
     def floor_drain(self, res, mode, dataset, n, topics, label):
@@ -518,7 +578,7 @@ class Bench:
                         if system in FLOOR_SYSTEMS and rt != s["burst_drain_rtts_ms"][0]:
                             continue  # the floors send nothing: RTT is moot
                         cells.append((r, system, w, 0 if system in FLOOR_SYSTEMS else rt))
-        if any(c[1] in PREVIEW_CONNECTIONS for c in cells) and self.preview_reason is None:
+        if any(c[1] in PREVIEW_SYSTEMS for c in cells) and self.preview_reason is None:
             self.preview_reason = common.preview_available(db) or ""
         db.sql("ALTER TABLE outbox.events SET (autovacuum_enabled = false, toast.autovacuum_enabled = false)")
         try:

@@ -6,11 +6,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"outbox": "tab:blue", "outbox_040": "tab:purple", "outbox_040_1conn": "tab:pink", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
+COLORS = {"outbox": "tab:blue", "outbox_040": "tab:purple", "outbox_040_1conn": "tab:pink", "outbox_040_eos": "tab:olive", "batched": "tab:orange", "seed": "tab:red", "floor": "tab:gray",
           "outbox_jit_off": "tab:cyan", "tuned": "tab:green", "floor_delete": "black",
           "floor_update": "tab:gray", "floor_update2": "tab:brown"}
 NAMES = {"outbox": "outbox 0.3.0 relay", "outbox_040": "outbox 0.4.x relay (0.4.1 the default)",
-         "outbox_040_1conn": "outbox 0.4.x relay, kafka_connections = 1", "batched": "naive batched relay", "seed": "seed-style relay",
+         "outbox_040_1conn": "outbox 0.4.x relay, kafka_connections = 1",
+         "outbox_040_eos": "outbox 0.4.x exactly_once", "batched": "naive batched relay", "seed": "seed-style relay",
          "floor": "SQL floor (no Kafka, jit=off)", "outbox_jit_off": "outbox relay, jit=off",
          "tuned": "tuned batched relay", "floor_delete": "floor: claim + DELETE",
          "floor_update": "floor: claim + 1 UPDATE", "floor_update2": "floor: claim + 2 UPDATEs"}
@@ -165,6 +166,46 @@ def burst_drains(results, out):
     return _save(fig, out, "burst_drain.png")
 
 
+def exactly_once(results, out):
+    """outbox.delivery = exactly_once beside at-least-once (the same relay, default connections and
+    one), and the tuned relay, one worker: events/s per RTT (bars, a panel per burst workload),
+    with exactly_once's extra time per batch over at-least-once written above its bar."""
+    rows = results.get("summary", {}).get("exactly_once") or []
+    if not rows:
+        return None
+    names = [n for n in ("burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker")
+             if any(r["workload"] == n for r in rows)]
+    systems = [("at_least_once", "outbox_040"), ("one_connection", "outbox_040_1conn"), ("eos", "outbox_040_eos"),
+               ("tuned", "tuned")]
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        mine = sorted((r for r in rows if r["workload"] == name), key=lambda r: r["rtt_ms"])
+        width = 0.8 / len(systems)
+        for j, (key, system) in enumerate(systems):
+            xs = [i + (j - (len(systems) - 1) / 2) * width for i in range(len(mine))]
+            ys = [r.get(key) or 0 for r in mine]
+            if not any(ys):
+                continue
+            ax.bar(xs, ys, width, color=COLORS[system], label=NAMES[system])
+            if key == "eos":
+                for x, y, r in zip(xs, ys, mine):
+                    if r.get("extra_ms_per_batch") is not None:
+                        ax.text(x, y, f"+{r['extra_ms_per_batch']:.0f} ms\n/batch", ha="center", va="bottom", fontsize=7)
+        top = max((r.get(key) or 0) for r in mine for key, _ in systems)
+        ax.set_ylim(0, top * 1.35)  # room for the legend above the bars
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels([f"RTT {r['rtt_ms']} ms" for r in mine])
+        ax.set_ylabel("events/s (median of runs)")
+        shape = {"burst_4topic_3x6": "4 topics, 3 brokers x 6 partitions", "burst_4topic_1broker": "4 topics, one broker",
+                 "burst_1topic": "1 topic"}.get(name, "4 topics, 3 brokers x 12 partitions")
+        ax.set_title(f"Burst of {results['config']['burst_drain_events']:,} events, {shape}, one worker", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right", ncol=2)
+    fig.suptitle("outbox.delivery = exactly_once vs at-least-once and the tuned relay\n"
+                 "(above its bar: exactly_once's extra time per batch over at-least-once)", fontsize=10)
+    return _save(fig, out, "exactly_once.png")
+
+
 STEP_COLORS = {"enqueue": "tab:blue", "write": "tab:blue", "publish": "tab:orange", "purge": "tab:red",
                "vacuum": "tab:gray"}
 WAL_LABELS = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.1\n(default)", "debezium": "Debezium pattern\n(INSERT + DELETE)", "plain": "plain INSERT"}
@@ -207,4 +248,4 @@ def wal_cost(results, out):
 def draw(results, out):
     return [p for p in (throughput(results, out), latency(results, out), memory(results, out),
                         table_health(results, out), burst(results, out), burst_drains(results, out),
-                        wal_cost(results, out)) if p]
+                        exactly_once(results, out), wal_cost(results, out)) if p]

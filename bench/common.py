@@ -84,6 +84,11 @@ BENCH_SETTINGS = {
     "outbox.backoff_max": "'300s'",
     "outbox.publish_timeout": "'30s'",
     "log_autovacuum_min_duration": "0",
+    # outbox.delivery = exactly_once (the outbox_040_eos cells) prepares each batch's record
+    # (PREPARE TRANSACTION): it needs max_prepared_transactions >= the relay's workers, a
+    # restart-only setting, so it is set for the whole bench (the burst cells run up to 4 workers).
+    # The other cells prepare nothing; the setting only reserves the shared memory of 8 slots.
+    "max_prepared_transactions": "8",
 }
 
 
@@ -134,8 +139,11 @@ class Postgres:
         `settings` ({name: value}, e.g. {"jit": "off"}) and outbox.* settings as keywords; ALTER
         SYSTEM and a restart when anything changed (outbox.workers needs one). An outbox.* keyword
         given as None, and outbox.kafka_connections when not given, is the setting's default (so
-        a cell that changed it leaves nothing behind for the next)."""
+        a cell that changed it leaves nothing behind for the next). outbox.delivery likewise (the
+        exactly_once cells set it); an outbox.* setting the installed relay does not have, asked
+        at its default, is left out (a relay from before outbox.delivery)."""
         outbox.setdefault("kafka_connections", None)
+        outbox.setdefault("delivery", None)
         wanted = {"outbox.workers": str(workers)}
         if bootstrap is not None:
             wanted["outbox.bootstrap_servers"] = bootstrap
@@ -144,6 +152,8 @@ class Postgres:
         for name, value in outbox.items():
             if value is None:
                 value = self.value(f"SELECT boot_val FROM pg_settings WHERE name = 'outbox.{name}'")
+                if value is None:
+                    continue  # no such setting in the installed relay: nothing to reset
             wanted["outbox." + name] = str(value)
         changes = {k: v for k, v in wanted.items() if self.current.get(k) != v}
         if not changes:
@@ -360,14 +370,70 @@ def preview_phases(db, dbname=PREVIEW_DB):
     record, each {count, seconds}; plus the landed rows' statement times (one per record
     statement: the early records during a publish and the final one), as offsets from the first."""
     row = db.pg.sql("SELECT sum(claim_seconds_count), sum(claim_seconds_sum), sum(publish_seconds_count), "
-                    "sum(publish_seconds_sum), sum(record_seconds_count), sum(record_seconds_sum) "
-                    "FROM outbox.worker_metrics", dbname=dbname)[0]
+                    "sum(publish_seconds_sum), sum(record_seconds_count), sum(record_seconds_sum), "
+                    "sum(batches), sum(batch_size_sum) FROM outbox.worker_metrics", dbname=dbname)[0]
     phases = {name: {"count": int(row[2 * i] or 0), "seconds": round(float(row[2 * i + 1] or 0), 3)}
               for i, name in enumerate(("claim", "publish", "record"))}
     steps = db.pg.sql("SELECT extract(epoch FROM published_at - min(published_at) OVER ()) * 1000, n FROM "
                       "(SELECT published_at, sum(cardinality(ids)) AS n FROM outbox.landed GROUP BY 1) g ORDER BY 1",
                       dbname=dbname)
-    return {"phases": phases, "record_statements": [(round(float(t), 1), int(n)) for t, n in steps]}
+    # batches: the batches the workers recorded (one batch_size observation per batch that held
+    # events; under exactly_once one Kafka transaction each); batch_events: the events in them.
+    return {"phases": phases, "batches": int(row[6] or 0), "batch_events": int(row[7] or 0),
+            "record_statements": [(round(float(t), 1), int(n)) for t, n in steps]}
+
+
+# --------------------------------------------------------------------------------------------
+# outbox.delivery = exactly_once (the outbox_040_eos cells)
+# --------------------------------------------------------------------------------------------
+
+def exactly_once_available(db, workers):
+    """None when the installed relay has outbox.delivery = exactly_once and the server's
+    max_prepared_transactions covers `workers` workers, else why not (the cell is skipped)."""
+    rows = db.sql("SELECT enumvals FROM pg_settings WHERE name = 'outbox.delivery'")
+    if not rows or "exactly_once" not in (rows[0][0] or []):
+        return "the installed relay has no outbox.delivery = exactly_once (issue 18)"
+    prepared = int(db.value("SELECT setting FROM pg_settings WHERE name = 'max_prepared_transactions'"))
+    if prepared < workers:
+        return (f"max_prepared_transactions is {prepared}, exactly_once needs at least the relay's workers "
+                f"({workers}); common.BENCH_SETTINGS sets it")
+    return None
+
+
+def transactional_ids(db, workers, dbname=PREVIEW_DB):
+    """The relay workers' Kafka transactional ids under exactly_once, as the relay makes them
+    (src/relay/worker.cpp TransactionalId: prefix-system identifier-database oid-workers-index);
+    each is also the group id whose committed offset on the progress topic counts its batches."""
+    prefix = db.value("SELECT setting FROM pg_settings WHERE name = 'outbox.transactional_id_prefix'")
+    sysid = db.value("SELECT system_identifier FROM pg_control_system()")
+    oid = db.value("SELECT oid FROM pg_database WHERE datname = %s", (dbname,))
+    return [f"{prefix}-{sysid}-{oid}-{workers}-{i}" for i in range(workers)]
+
+
+def progress_offsets(bootstrap, groups, topic):
+    """{group: its committed offset on partition 0 of `topic`, or None when Kafka has none, or the
+    error's name} read as a consumer of the group would (OffsetFetch). The relay commits its batch
+    count there inside each Kafka transaction (send_offsets_to_transaction). librdkafka 2.0.2's
+    mock cluster answers TxnOffsetCommit without storing the offsets (rdkafka_mock_handlers.c), so
+    on the bench's mock this is None for every group: the batches are counted from the workers'
+    metrics instead (preview_phases)."""
+    out = {}
+    for group in groups:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+        try:
+            tp = c.committed([TopicPartition(topic, 0)], timeout=10)[0]
+            out[group] = tp.error.name() if tp.error else (tp.offset if tp.offset >= 0 else None)
+        except Exception as e:  # recorded, not fatal: a diagnostic beside the workers' count
+            out[group] = f"error: {e}"
+        finally:
+            c.close()
+    return out
+
+
+def prepared_batches_left(db):
+    """Prepared transactions of the relay (gid outbox:...) left in the cluster: none once a drain
+    is over (each batch's PREPARE is followed by its COMMIT PREPARED)."""
+    return int(db.value("SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE 'outbox:%'"))
 
 
 def statement_profile(db, dbname, top=8):
@@ -452,11 +518,21 @@ class Mock:
         self.bootstrap = self.mc.bootstrap
         self.rtt_ms = 0
         self.topics = 0
+        self.fixed_topics = set()
 
     def set_rtt(self, ms):
         if ms != self.rtt_ms:
             self.mc.rtt("all", ms)
             self.rtt_ms = ms
+
+    def ensure_topic(self, name, partitions=1):
+        """A topic of a fixed name, made once (the exactly_once relay's progress topic: the
+        relay's CreateTopics is not served by librdkafka 2.0.2's mock cluster, and its OffsetFetch
+        answers UNKNOWN_TOPIC_OR_PART for a topic that does not exist)."""
+        if name not in self.fixed_topics:
+            self.mc.create_topic(name, partitions)
+            self.fixed_topics.add(name)
+        return name
 
     def new_topic(self, prefix, partitions=PARTITIONS):
         self.topics += 1
@@ -487,9 +563,14 @@ class TopicReader(threading.Thread):
     late duplicate included, is read. A partition whose end cannot be reached ends the reading
     after `settle` seconds without a new record."""
 
-    def __init__(self, bootstrap, topic, settle=1.0):
+    def __init__(self, bootstrap, topic, settle=1.0, isolation="read_committed"):
         super().__init__(daemon=True)
         self.bootstrap = bootstrap
+        # librdkafka's default, said explicitly: records of aborted Kafka transactions (the
+        # exactly_once relay's) must not count. (librdkafka 2.0.2's mock cluster writes no
+        # transaction markers and answers every Fetch with no aborted transactions: on it, an
+        # aborted batch's records would be read, and counted as duplicates.)
+        self.isolation = isolation
         self.topics = [topic] if isinstance(topic, str) else list(topic)
         self.settle = settle
         self.records = []
@@ -507,7 +588,7 @@ class TopicReader(threading.Thread):
     def _read(self):
         consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "outbox-bench-reader",
                              "enable.auto.commit": False, "enable.partition.eof": False,
-                             "auto.offset.reset": "earliest",
+                             "auto.offset.reset": "earliest", "isolation.level": self.isolation,
                              "fetch.max.bytes": 52428800, "max.partition.fetch.bytes": 10485760})
         try:
             # Each topic's own partition count, from the cluster (workloads differ).
@@ -627,6 +708,7 @@ def verify(db, mock, topic, only_published=False, reader=None):
     records = reader.finish(n)
     result = check(records, by_key, n)
     result["dropped_by_mock"] = reader.dropped_by_mock
+    result["isolation_level"] = reader.isolation
     if reader.dropped_by_mock:
         raise RuntimeError(f"verification of {topic} impossible: the mock cluster dropped {reader.dropped_by_mock} "
                            "records (5 MiB per partition retention) before they were read")

@@ -3,7 +3,8 @@
 from common import median
 
 LABEL = {"outbox": "outbox 0.3.0", "outbox_040": "outbox 0.4.1 (default)",
-         "outbox_040_1conn": "outbox 0.4.0, kafka_connections = 1", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
+         "outbox_040_1conn": "outbox 0.4.0, kafka_connections = 1",
+         "outbox_040_eos": "outbox 0.4.x exactly_once", "tuned": "tuned batched (ORDER BY id LIMIT 5000)",
          "batched": "naive batched (ORDER BY created_at LIMIT 200)", "seed": "seed-style",
          "floor": "SQL floor: the relay's own claim + record (jit=off)",
          "floor_delete": "SQL floor: claim + DELETE", "floor_update": "SQL floor: claim + 1 UPDATE",
@@ -65,6 +66,16 @@ def summarize(results):
             if mems:
                 row["peak_vmrss_mb"] = max(mems)
                 row["peak_rss_anon_mb"] = max(r["memory"]["peak_rss_anon_mb"] for r in runs if r.get("memory"))
+            # The preview's relays (outbox_040*): batches the workers recorded and time per batch,
+            # over the drain and in each phase of the worker (outbox.worker_metrics).
+            if any(r.get("batches") for r in runs):
+                row["batches_median"] = median([r.get("batches") for r in runs])
+                row["events_per_batch_median"] = median([r.get("events_per_batch") for r in runs])
+                row["ms_per_batch_median"] = median([r.get("ms_per_batch") for r in runs])
+                row["ms_per_batch_observed_median"] = median([r.get("ms_per_batch_observed") for r in runs])
+                row["phase_ms_per_batch_median"] = {
+                    phase: median([(r.get("phase_ms_per_batch") or {}).get(phase) for r in runs])
+                    for phase in ("claim", "publish", "record")}
             rows.append(row)
         summary[name] = rows
     lat = []
@@ -149,6 +160,65 @@ def summarize(results):
             target(f"{title}: outbox 2 workers vs 1 (RTT {rtt} ms)", ">= 1.4x",
                    f"{o2 / o1:.2f}x ({o2:.0f} vs {o1:.0f} events/s)", o2 / o1 >= 1.4, runs=min(n1, n2))
     summary["headline"] = headline
+
+    # outbox.delivery = exactly_once (issue 18 point 5): its rate against at-least-once (the same
+    # relay, same run) and the tuned relay, and what it adds per batch: the drain's time per batch
+    # (medians of runs) and the worker's publish and record phases per batch (exactly_once's record
+    # phase holds the PREPARE, the Kafka commit and the COMMIT PREPARED; its publish phase the
+    # transaction's AddPartitionsToTxn). kafka_connections = 1 (one producer, as exactly_once
+    # has) separates the transaction's cost from the connections'.
+    eos_rows = []
+
+    def drain_row(system, rt, name):
+        return next((x for x in summary.get(name, []) if x["system"] == system and x["workers"] == 1
+                     and x["rtt_ms"] == rt), None)
+    for name, title in BURSTS.items():
+        for rt in sorted({r["rtt_ms"] for r in summary.get(name, []) if r["system"] == "outbox_040_eos"}):
+            e, a, c, t = (drain_row(x, rt, name) for x in ("outbox_040_eos", "outbox_040", "outbox_040_1conn", "tuned"))
+            if not e:
+                continue
+
+            def rate(x):
+                return x["rate_median"] if x else None
+
+            def per_batch(x, key="ms_per_batch_median"):
+                return x.get(key) if x else None
+
+            def phase(x, p):
+                return (x.get("phase_ms_per_batch_median") or {}).get(p) if x else None
+
+            def diff(x, y):
+                return round(x - y, 2) if x is not None and y is not None else None
+
+            def ratio(x, y):
+                return round(x / y, 2) if x and y else None
+            row = {"workload": name, "title": title, "rtt_ms": rt, "runs": e["runs"],
+                   "eos": rate(e), "at_least_once": rate(a), "one_connection": rate(c), "tuned": rate(t),
+                   "eos_observed": e.get("rate_observed_median"), "at_least_once_observed": a and a.get("rate_observed_median"),
+                   "eos_vs_tuned": ratio(rate(e), rate(t)), "eos_vs_at_least_once": ratio(rate(e), rate(a)),
+                   "eos_vs_one_connection": ratio(rate(e), rate(c)),
+                   "batches_eos": e.get("batches_median"), "batches_at_least_once": a and a.get("batches_median"),
+                   "events_per_batch_eos": e.get("events_per_batch_median"),
+                   "ms_per_batch_eos": per_batch(e), "ms_per_batch_at_least_once": per_batch(a),
+                   "ms_per_batch_one_connection": per_batch(c),
+                   "extra_ms_per_batch": diff(per_batch(e), per_batch(a)),
+                   "extra_ms_per_batch_vs_one_connection": diff(per_batch(e), per_batch(c)),
+                   "extra_ms_per_batch_observed": diff(per_batch(e, "ms_per_batch_observed_median"),
+                                                       per_batch(a, "ms_per_batch_observed_median")),
+                   "phases_eos": e.get("phase_ms_per_batch_median"),
+                   "phases_at_least_once": a and a.get("phase_ms_per_batch_median"),
+                   "phases_one_connection": c and c.get("phase_ms_per_batch_median"),
+                   "extra_record_ms_per_batch": diff(phase(e, "record"), phase(a, "record")),
+                   "extra_publish_ms_per_batch": diff(phase(e, "publish"), phase(a, "publish")),
+                   "extra_publish_ms_per_batch_vs_one_connection": diff(phase(e, "publish"), phase(c, "publish")),
+                   "lost": e["lost"] + e["unpublished_rows"], "duplicates": e["duplicates"],
+                   "order_violation_keys": e["order_violation_keys"], "verified_runs": e["verified_runs"]}
+            eos_rows.append(row)
+            if row["eos_vs_tuned"]:
+                target(f"{title}: outbox 0.4.x exactly_once vs tuned batched relay, one worker (RTT {rt} ms)", ">= 2x",
+                       f"{row['eos_vs_tuned']:.2f}x ({row['eos']:.0f} vs {row['tuned']:.0f} events/s)",
+                       row["eos_vs_tuned"] >= 2, runs=min(e["runs"], t["runs"]))
+    summary["exactly_once"] = eos_rows
 
     ours, n_ours = drain_rate("outbox")
     seed, n_seed = drain_rate("seed")
@@ -285,6 +355,44 @@ def wal_rows(s):
     return rows
 
 
+EOS_HEADERS = ["workload", "RTT ms", "runs", "exactly_once events/s", "at-least-once events/s",
+               "kafka_connections = 1 events/s", "tuned events/s", "eos vs tuned (target >= 2x)",
+               "eos vs at-least-once", "eos vs 1 connection", "seen drained from outside: eos / at-least-once",
+               "batches (eos / at-least-once)", "ms per batch: eos / at-least-once / 1 conn.",
+               "extra ms per batch vs at-least-once (vs 1 conn.)",
+               "publish ms per batch: eos / at-least-once / 1 conn.", "record ms per batch: eos / at-least-once",
+               "lost / dup / order-viol. keys (eos)"]
+
+
+def _x(v):
+    return f"{v:.2f}x" if v else "-"
+
+
+def _ms(v):
+    return f"{v:.1f}" if v is not None else "-"
+
+
+def eos_rows(s):
+    out = []
+    for h in s.get("exactly_once") or []:
+        pe, pa, pc = (h.get(k) or {} for k in ("phases_eos", "phases_at_least_once", "phases_one_connection"))
+        out.append([h["title"], h["rtt_ms"], h["runs"], _fmt(h["eos"]), _fmt(h["at_least_once"]),
+                    _fmt(h["one_connection"]), _fmt(h["tuned"]), _x(h["eos_vs_tuned"]), _x(h["eos_vs_at_least_once"]),
+                    _x(h["eos_vs_one_connection"]),
+                    f"{_fmt(h.get('eos_observed'))} / {_fmt(h.get('at_least_once_observed'))}",
+                    f"{_fmt(h['batches_eos'])} / {_fmt(h['batches_at_least_once'])}",
+                    f"{_ms(h['ms_per_batch_eos'])} / {_ms(h['ms_per_batch_at_least_once'])} / "
+                    f"{_ms(h['ms_per_batch_one_connection'])}",
+                    f"{_ms(h['extra_ms_per_batch'])} ({_ms(h['extra_ms_per_batch_vs_one_connection'])})",
+                    f"{_ms(pe.get('publish'))} / {_ms(pa.get('publish'))} / {_ms(pc.get('publish'))}",
+                    f"{_ms(pe.get('record'))} / {_ms(pa.get('record'))}",
+                    f"{h['lost']} / {h['duplicates']} / {h['order_violation_keys']}" if h["verified_runs"] else "-"])
+    return out
+
+
+EOS_TITLE = ("outbox.delivery = exactly_once: throughput and cost per batch, one worker (events/s and ms, medians "
+             "of runs; ms per batch = drain time / batches; phases from outbox.worker_metrics)")
+
 HEADLINE_HEADERS = ["workload", "RTT ms", "runs", "outbox 0.3.0 events/s", "tuned batched events/s", "0.3.0 vs tuned (target >= 3x)",
                     "seen drained from outside: 0.3.0 / tuned", "0.3.0 vs its RTT 5 ms (target at 20 ms >= 80%)",
                     "0.4.1 (default) events/s", "0.4.1 vs tuned (target >= 3x)", "0.4.1 vs its RTT 5 ms"]
@@ -386,6 +494,10 @@ def print_tables(results):
         print()
         print("== Headline: outbox vs the tuned batched relay, one worker (events/s, median of runs)")
         print(table(HEADLINE_HEADERS, headline_rows(s)))
+    if s.get("exactly_once"):
+        print()
+        print(f"== {EOS_TITLE}")
+        print(table(EOS_HEADERS, eos_rows(s)))
     for name, title in DRAINS.items():
         rows = s.get(name) or []
         if not rows:
@@ -477,6 +589,8 @@ def markdown(results):
     if s.get("headline"):
         parts.append("### Headline: outbox vs the tuned batched relay, one worker\n\n" + _md(
             HEADLINE_HEADERS, headline_rows(s)))
+    if s.get("exactly_once"):
+        parts.append(f"### {EOS_TITLE}\n\n" + _md(EOS_HEADERS, eos_rows(s)))
     for name, title in DRAINS.items():
         rows = s.get(name) or []
         if rows:

@@ -17,8 +17,10 @@ import common  # noqa: E402  (PREVIEW: the ring version the bench's outbox_040 c
 WORKLOADS = {"burst_4topic", "burst_1topic", "burst_4topic_3x6", "burst_4topic_1broker", "drain", "hot_keys", "burst", "idle_latency", "enqueue_overhead",
              "memory", "table_health", "wal_cost"}
 BURST_SYSTEMS = {"outbox", "tuned", "batched", "floor_delete", "floor_update", "floor_update2"}
-# The 0.4.0 relay with the default outbox.kafka_connections and with 1 (run, or skipped, together).
-PREVIEW_SYSTEMS = {"outbox_040", "outbox_040_1conn"}
+# The 0.4.0 relay with the default outbox.kafka_connections, with 1, and with outbox.delivery =
+# exactly_once (run, or skipped with a reason: exactly_once also when the installed relay has no
+# outbox.delivery).
+PREVIEW_SYSTEMS = {"outbox_040", "outbox_040_1conn", "outbox_040_eos"}
 # burst_4topic runs every system; the other three shapes (their own topic and broker layouts)
 # only what the headline compares, to keep the smoke short: each system's code is burst_4topic's.
 SHAPE_SYSTEMS = {"outbox", "tuned", "floor_delete", "floor_update", "floor_update2"}
@@ -63,16 +65,16 @@ def test_bench_quick_smoke(tmp_path):
     # The burst workloads: every relay and floor ran on burst_4topic, the headline's on the other
     # shapes (SHAPE_SYSTEMS), on 4 topics and on 1, loaded without
     # ANALYZE, and the outbox relay's delivery was read back from every topic of the run. The
-    # 0.4.0 preview's relay (outbox_040, and outbox_040_1conn) ran too, or was skipped with a reason
-    # (the installed extension has no 0.4.0 script), and then in no burst workload.
+    # 0.4.0 preview's relay (outbox_040, outbox_040_1conn, and outbox_040_eos with outbox.delivery =
+    # exactly_once) ran too, or was skipped with a reason (the installed extension has no 0.4.0
+    # script, or no outbox.delivery), and then in no burst workload.
     skipped = results["skipped"]
     for name, n_topics, partitions in (("burst_4topic", 4, 12), ("burst_1topic", 1, 12), ("burst_4topic_3x6", 4, 6),
                                        ("burst_4topic_1broker", 4, 12)):
-        preview_skipped = "outbox_040" in skipped.get(name, {})
         assert set(skipped.get(name, {})) <= PREVIEW_SYSTEMS, skipped
         systems, preview = (BURST_SYSTEMS, PREVIEW_SYSTEMS) if name == "burst_4topic" else (SHAPE_SYSTEMS,
                                                                                            SHAPE_PREVIEW_SYSTEMS)
-        assert {r["system"] for r in workloads[name]} == systems | (set() if preview_skipped else preview), name
+        assert {r["system"] for r in workloads[name]} == systems | (preview - set(skipped.get(name, {}))), name
         for r in workloads[name]:
             assert r["partitions"] == partitions, r
             assert r["topics"] == n_topics and r["analyze"] is False and r["published"] == r["events"] == 4000, r
@@ -82,8 +84,15 @@ def test_bench_quick_smoke(tmp_path):
                 # every event named once by outbox.landed, on the preview schema
                 assert r["extversion"] == common.PREVIEW and r["landed_ids"] == r["landed_distinct_ids"] == 4000, r
                 assert r["statements_profile"], r
-        if preview_skipped:
-            assert skipped[name]["outbox_040"].strip(), skipped
+            if r["system"] == "outbox_040_eos":
+                # outbox.delivery = exactly_once: every event named once, each batch's prepared
+                # record committed (none left), read back read_committed, the batches counted
+                assert r["delivery"] == "exactly_once" and r["prepared_left"] == 0, r
+                assert r["extversion"] == common.PREVIEW and r["landed_ids"] == r["landed_distinct_ids"] == 4000, r
+                assert r["verify"]["isolation_level"] == "read_committed", r
+                assert r["batches"] >= 1 and r["ms_per_batch"] > 0 and r["transactional_ids"], r
+        for system, why in skipped.get(name, {}).items():
+            assert why.strip(), (name, system, skipped)
     headline = results["summary"]["headline"]
     assert {(h["workload"], h["rtt_ms"]) for h in headline} == {
         ("burst_4topic", 5), ("burst_1topic", 5), ("burst_4topic_3x6", 5), ("burst_4topic_1broker", 5)}, headline
@@ -161,6 +170,12 @@ def test_bench_quick_smoke(tmp_path):
             assert r["dead_tuples_per_event"] == (1.0 if r["shape"] == "debezium" else 0.0), r
     assert results["summary"]["wal_cost"]["shape"]["outbox"]["wal_bytes_per_event_vs_debezium"] > 0
     assert {t["target"] for t in results["targets"]}
+    # exactly_once beside at-least-once and the tuned relay (burst_4topic, RTT 5): its cost table and chart.
+    if "outbox_040_eos" not in skipped.get("burst_4topic", {}):
+        eos = results["summary"]["exactly_once"]
+        assert [(h["workload"], h["rtt_ms"]) for h in eos] == [("burst_4topic", 5)], eos
+        assert eos[0]["eos"] and eos[0]["tuned"] and eos[0]["ms_per_batch_eos"], eos
+        assert (out / "exactly_once.png").stat().st_size > 0
     for chart in ("throughput.png", "latency.png", "memory.png", "table_health.png", "burst.png", "burst_drain.png",
                   "wal_cost.png"):
         assert (out / chart).stat().st_size > 0, chart

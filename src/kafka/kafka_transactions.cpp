@@ -164,10 +164,54 @@ ReadCommittedOffset(Producer *p, const char *group, const char *topic, int budge
 	return result;
 }
 
+namespace {
+
+// Whether the brokers know `topic` (with a partition), asked in slices until the deadline: 1 yes,
+// 0 no (the broker says it does not exist), -1 no answer.
+int
+TopicKnown(Producer *p, const char *topic, Clock::time_point deadline) {
+	rd_kafka_t *rk = HandleOf(p);
+	rd_kafka_topic_t *rkt = rd_kafka_topic_new(rk, topic, nullptr);
+	if (rkt == nullptr) {
+		return -1;
+	}
+	int known = -1;
+	while (known < 0 && MillisLeft(deadline) > 0 && !StopRequestedOf(p)) {
+		const struct rd_kafka_metadata *md = nullptr;
+		int slice = int(std::max(1L, std::min(long(kMetadataLookupMs), MillisLeft(deadline))));
+		rd_kafka_resp_err_t err = rd_kafka_metadata(rk, 0, rkt, &md, slice);
+		if (err == RD_KAFKA_RESP_ERR_NO_ERROR && md != nullptr && md->topic_cnt == 1) {
+			rd_kafka_resp_err_t topic_err = md->topics[0].err;
+			if (topic_err == RD_KAFKA_RESP_ERR_NO_ERROR && md->topics[0].partition_cnt > 0) {
+				known = 1;
+			} else if (topic_err == RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) {
+				known = 0;
+			}
+		}
+		if (md != nullptr) {
+			rd_kafka_metadata_destroy(md);
+		}
+	}
+	rd_kafka_topic_destroy(rkt);
+	return known;
+}
+
+} // namespace
+
 TxnResult
 EnsureProgressTopic(Producer *p, const char *topic, int budget_ms, char *why, size_t len) noexcept {
 	rd_kafka_t *rk = HandleOf(p);
 	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
+	// Made by the operator (or an earlier start) in the usual case: then the relay needs no right
+	// to create topics, and asks for nothing.
+	int known = TopicKnown(p, topic, deadline);
+	if (known == 1) {
+		return TxnResult::Done;
+	}
+	if (known < 0) {
+		snprintf(why, len, "no answer from Kafka within %d ms looking up the progress topic \"%s\"", budget_ms, topic);
+		return StopRequestedOf(p) ? TxnResult::Stopped : TxnResult::TimedOut;
+	}
 	char errstr[256];
 	rd_kafka_NewTopic_t *new_topic = rd_kafka_NewTopic_new(topic, 1, -1, errstr, sizeof(errstr));
 	if (new_topic == nullptr) {
