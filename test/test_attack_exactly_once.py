@@ -294,3 +294,27 @@ def test_turning_exactly_once_off_with_a_batch_in_doubt_does_not_wedge_its_slot(
         raise AssertionError(f"batch {in_doubt} left prepared for good, its slot publishing nothing: "
                              f"{picture(pg)}") from None
     read_once(kafka, topic, ids)
+
+
+# -- (c) the settings --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("setting, value", [("delivery", "at_least_once"), ("transactional_id_prefix", "mallory"),
+                                            ("progress_topic", "mallory.progress")])
+def test_a_role_without_the_right_cannot_change_how_the_relay_delivers(kafka, make_relay, setting, value):
+    # Holds: the exactly_once settings are the operator's (SIGHUP: configuration files, ALTER SYSTEM):
+    # a session's SET, a role's or a database owner's ALTER ... SET and ALTER SYSTEM are refused.
+    pg = eos_relay(make_relay, kafka)
+    pg.sql("CREATE ROLE mallory LOGIN")
+    pg.sql("CREATE DATABASE mallorys OWNER mallory")
+    before = pg.value(f"SELECT setting FROM pg_settings WHERE name = 'outbox.{setting}'")
+    attempts = [("postgres", f"SET outbox.{setting} = '{value}'", "55P02"),
+                ("postgres", f"ALTER ROLE mallory SET outbox.{setting} = '{value}'", "55P02"),
+                ("mallorys", f"ALTER DATABASE mallorys SET outbox.{setting} = '{value}'", "55P02"),
+                ("postgres", f"ALTER SYSTEM SET outbox.{setting} = '{value}'", "42501")]
+    for dbname, statement, sqlstate in attempts:
+        with psycopg.connect(host=pg.tmp, port=pg.port, user="mallory", dbname=dbname, autocommit=True) as c:
+            with pytest.raises(psycopg.Error) as refused:
+                c.execute(statement)
+            assert refused.value.sqlstate == sqlstate, (statement, refused.value)
+    pg.reload()
+    assert pg.value(f"SELECT setting FROM pg_settings WHERE name = 'outbox.{setting}'") == before
