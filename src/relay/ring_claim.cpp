@@ -524,6 +524,25 @@ UseOldFloors() {
 	       !Before(old_floors.end, ring.cursor);
 }
 
+// Runs a walk's statement in `snapshot`: `plain` with its n values, or, while the old counts'
+// floors apply, `floored` with the floors' five arrays after them.
+void
+ExecuteWalk(Statement &plain, Statement &floored, const Datum *values, int n, Snapshot snapshot) {
+	if (!UseOldFloors()) {
+		step::ExecuteIn("claim", plain, const_cast<Datum *>(values), nullptr, SPI_OK_SELECT, snapshot);
+		return;
+	}
+	Datum with_floors[lengthof(Statement{}.types)];
+	Assert(n + 5 == floored.nargs);
+	memcpy(with_floors, values, sizeof(Datum) * n);
+	with_floors[n] = old_floors.counts;
+	with_floors[n + 1] = old_floors.workers;
+	with_floors[n + 2] = old_floors.writers;
+	with_floors[n + 3] = old_floors.lsns;
+	with_floors[n + 4] = old_floors.ids;
+	step::ExecuteIn("claim", floored, with_floors, nullptr, SPI_OK_SELECT, snapshot);
+}
+
 Datum
 LsnArray(const XLogRecPtr *lsns, int n) {
 	Datum *d = static_cast<Datum *>(palloc(sizeof(Datum) * (n > 0 ? n : 1)));
@@ -1063,18 +1082,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size
 		                         BoolGetDatum(block_key),
 		                         LSNGetDatum(start.order_lsn),
 		                         Int64GetDatum(start.id)};
-		if (UseOldFloors()) {
-			Datum floor_values[17];
-			memcpy(floor_values, hole_values, sizeof(hole_values));
-			floor_values[12] = old_floors.counts;
-			floor_values[13] = old_floors.workers;
-			floor_values[14] = old_floors.writers;
-			floor_values[15] = old_floors.lsns;
-			floor_values[16] = old_floors.ids;
-			step::ExecuteIn("claim", hole_floor_candidates_stmt, floor_values, nullptr, SPI_OK_SELECT, view.snapshot);
-		} else {
-			step::ExecuteIn("claim", hole_candidates_stmt, hole_values, nullptr, SPI_OK_SELECT, view.snapshot);
-		}
+		ExecuteWalk(hole_candidates_stmt, hole_floor_candidates_stmt, hole_values, 12, view.snapshot);
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
 		ring.window_uncut = n_rows < limit && k == n_rows;
@@ -1093,19 +1101,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size
 		                          LSNGetDatum(ring.horizon),
 		                          Int32GetDatum(limit),
 		                          BoolGetDatum(block_key)};
-		if (UseOldFloors()) {
-			Datum floor_values[12];
-			memcpy(floor_values, member_values, sizeof(member_values));
-			floor_values[7] = old_floors.counts;
-			floor_values[8] = old_floors.workers;
-			floor_values[9] = old_floors.writers;
-			floor_values[10] = old_floors.lsns;
-			floor_values[11] = old_floors.ids;
-			step::ExecuteIn("claim", member_floor_candidates_stmt, floor_values, nullptr, SPI_OK_SELECT,
-			                view.snapshot);
-		} else {
-			step::ExecuteIn("claim", member_candidates_stmt, member_values, nullptr, SPI_OK_SELECT, view.snapshot);
-		}
+		ExecuteWalk(member_candidates_stmt, member_floor_candidates_stmt, member_values, 7, view.snapshot);
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
 		ring.to_horizon = n_rows < limit && k == n_rows;
