@@ -276,8 +276,10 @@ def test_a_reload_of_outbox_progress_topic_to_a_new_topic_keeps_events_flowing(k
 def test_turning_exactly_once_off_with_a_batch_in_doubt_does_not_wedge_its_slot(kafka, make_relay):
     # A batch prepared and committed in Kafka, then the worker dies (the seam); the worker that
     # starts next runs at least once (the operator turned exactly_once off: what one does when
-    # the relay shows 'recovering' or 'misconfigured'). Nothing decides the prepared batch: it keeps
-    # its rows' and the slot's locks, the claim fails on them (lock timeout) round after round.
+    # the relay shows 'recovering' or 'misconfigured'). Before the fix nothing decided the prepared
+    # batch: it kept its rows' and the slot's locks, the claim failed on them (lock timeout) round
+    # after round. Now worker 0 rolls it back first: its events are sent again, at least once (a
+    # duplicate, as Kafka had the batch), none lost.
     topic = new_topic(kafka)
     pg = eos_relay(make_relay, kafka, poll_interval="200ms", test_crash_at="after_kafka_commit")
     pg.wait_workers_running(1)
@@ -293,7 +295,9 @@ def test_turning_exactly_once_off_with_a_batch_in_doubt_does_not_wedge_its_slot(
     except Timeout:
         raise AssertionError(f"batch {in_doubt} left prepared for good, its slot publishing nothing: "
                              f"{picture(pg)}") from None
-    read_once(kafka, topic, ids)
+    counts = Counter(r.event_id for r in read_all(kafka, topic, "read_committed"))
+    assert all(counts[i] >= 1 for i in ids), f"lost: {[i for i in ids if counts[i] == 0]}"
+    assert "outbox.delivery is at_least_once: ROLLBACK PREPARED" in pg.log()
 
 
 # -- (c) the settings --------------------------------------------------------------------------

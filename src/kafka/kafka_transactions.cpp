@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kafka/producer_handle.hpp"
@@ -92,12 +93,23 @@ BeginTransaction(Producer *p, char *why, size_t len) noexcept {
 }
 
 TxnResult
-CommitTransaction(Producer *p, const char *group, const char *topic, int64_t sequence, int budget_ms, char *why,
-                  size_t len) noexcept {
+CommitTransaction(Producer *p, const char *group, const char *topic, int64_t sequence, const char *mark,
+                  int budget_ms, char *why, size_t len) noexcept {
 	rd_kafka_t *rk = HandleOf(p);
 	auto deadline = Clock::now() + std::chrono::milliseconds(budget_ms);
 	rd_kafka_topic_partition_list_t *offsets = rd_kafka_topic_partition_list_new(1);
-	rd_kafka_topic_partition_list_add(offsets, topic, 0)->offset = sequence;
+	rd_kafka_topic_partition_t *offset = rd_kafka_topic_partition_list_add(offsets, topic, 0);
+	offset->offset = sequence;
+	// Owned by the list (freed with it, by librdkafka's free).
+	size_t mark_len = strlen(mark);
+	offset->metadata = malloc(mark_len + 1);
+	if (offset->metadata == nullptr) {
+		rd_kafka_topic_partition_list_destroy(offsets);
+		snprintf(why, len, "out of memory");
+		return TxnResult::Refused;
+	}
+	memcpy(offset->metadata, mark, mark_len + 1);
+	offset->metadata_size = mark_len;
 	rd_kafka_consumer_group_metadata_t *metadata = rd_kafka_consumer_group_metadata_new(group);
 	TxnResult result = Sliced(p, budget_ms, why, len, [&](int slice) {
 		return rd_kafka_send_offsets_to_transaction(rk, offsets, metadata, slice);
@@ -122,8 +134,9 @@ AbortTransaction(Producer *p, int budget_ms, char *why, size_t len) noexcept {
 // coordinator answers NOT_COORDINATOR or is still loading (librdkafka issue 5040), which happens
 // at every broker restart: a segfault of the worker, and a crash restart of the whole server.
 TxnResult
-ReadCommittedOffset(Producer *p, const char *group, const char *topic, int budget_ms, int64_t *offset, char *why,
-                    size_t len) noexcept {
+ReadCommittedOffset(Producer *p, const char *group, const char *topic, int budget_ms, int64_t *offset, char *mark,
+                    size_t mark_len, char *why, size_t len) noexcept {
+	mark[0] = '\0';
 	rd_kafka_t *reader = NewGroupReader(p, group, why, len);
 	if (reader == nullptr) {
 		return TxnResult::Refused;
@@ -143,6 +156,12 @@ ReadCommittedOffset(Producer *p, const char *group, const char *topic, int budge
 		}
 		if (err == RD_KAFKA_RESP_ERR_NO_ERROR) {
 			*offset = partitions->elems[0].offset >= 0 ? partitions->elems[0].offset : -1;
+			const rd_kafka_topic_partition_t &found = partitions->elems[0];
+			if (found.metadata != nullptr && found.metadata_size > 0) {
+				size_t n = std::min(found.metadata_size, mark_len - 1);
+				memcpy(mark, found.metadata, n);
+				mark[n] = '\0';
+			}
 			result = TxnResult::Done;
 			break;
 		}

@@ -41,17 +41,19 @@ enum class TxnResult {
 // Fences every earlier producer of the id and aborts (or waits out) what it left open.
 TxnResult InitTransactions(Producer *producer, int budget_ms, char *why, size_t len) noexcept;
 TxnResult BeginTransaction(Producer *producer, char *why, size_t len) noexcept;
-// Adds `sequence` as the offset of group `group` on partition 0 of `topic` to the transaction,
-// then commits it. After TimedOut or Stopped the outcome is unknown: destroy the producer and let
-// recovery read the offset (never abort a commit that may have happened).
+// Adds `sequence` as the offset of group `group` on partition 0 of `topic` to the transaction, with
+// `mark` as the offset's metadata (the batch's own: a batch of the same number committed by
+// another relay of the same identity does not carry it), then commits it. After anything but Done
+// the outcome is unknown: destroy the producer and let recovery read the offset (never abort a
+// commit that may have happened).
 TxnResult CommitTransaction(Producer *producer, const char *group, const char *topic, int64_t sequence,
-                            int budget_ms, char *why, size_t len) noexcept;
+                            const char *mark, int budget_ms, char *why, size_t len) noexcept;
 TxnResult AbortTransaction(Producer *producer, int budget_ms, char *why, size_t len) noexcept;
-// The committed offset of `group` on partition 0 of `topic` (-1: none), read stable: no answer
-// while a transaction holding the group's offset is still open (KIP-447), which InitTransactions
-// has ended for the producer's own id.
+// The committed offset of `group` on partition 0 of `topic` (-1: none) and its metadata (into
+// mark[mark_len], "" for none), read stable: no answer while a transaction holding the group's
+// offset is still open (KIP-447), which InitTransactions has ended for the producer's own id.
 TxnResult ReadCommittedOffset(Producer *producer, const char *group, const char *topic, int budget_ms,
-                              int64_t *offset, char *why, size_t len) noexcept;
+                              int64_t *offset, char *mark, size_t mark_len, char *why, size_t len) noexcept;
 // Makes `topic` with one partition (the brokers' replication default) unless it exists.
 TxnResult EnsureProgressTopic(Producer *producer, const char *topic, int budget_ms, char *why, size_t len) noexcept;
 

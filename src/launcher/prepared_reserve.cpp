@@ -20,7 +20,7 @@ RefusePrepareIntoRelayReserve() {
 	}
 	Oid types[1] = {TEXTOID};
 	Datum values[1] = {CStringGetTextDatum(settings.relay_role)};
-	int rc = SPI_execute_with_args("SELECT count(*) FROM pg_catalog.pg_prepared_xacts p "
+	int rc = SPI_execute_with_args("SELECT pg_catalog.count(*) FROM pg_catalog.pg_prepared_xacts p "
 	                               "WHERE NOT (pg_catalog.starts_with(p.gid, 'outbox:') "
 	                               "           AND p.owner::pg_catalog.text OPERATOR(pg_catalog.=) $1)",
 	                               1, types, values, nullptr, true, 1);

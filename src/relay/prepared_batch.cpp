@@ -48,6 +48,12 @@ PreparedBatchSequence(const char *gid, const char *transactional_id, const char 
 	return int64(sequence);
 }
 
+const char *
+PreparedBatchMark(const char *gid) {
+	const char *colon = strrchr(gid, ':');
+	return colon ? colon + 1 : gid;
+}
+
 List *
 PreparedBatchGids(const char *prefix, const char *owner) {
 	MemoryContext caller = CurrentMemoryContext;

@@ -18,6 +18,10 @@ char *PreparedBatchGid(const char *transactional_id, int64 sequence, const char 
 int64 PreparedBatchSequence(const char *gid, const char *transactional_id, const char *progress_topic,
                             bool *same_topic);
 
+// What a gid of PreparedBatchGid ends with (its topic tag and nonce): the batch's own mark, which
+// the Kafka commit writes as the offset's metadata.
+const char *PreparedBatchMark(const char *gid);
+
 // The gids of this database's prepared transactions that start with `prefix` and that `owner`
 // prepared (the relay's role: no other role may make the relay decide its transactions), in gid
 // order (palloc'd in the current context). Its own short transaction.

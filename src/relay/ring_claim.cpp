@@ -901,6 +901,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size
 		step::Execute("claim", rebase_stmt, nullptr, nullptr, SPI_OK_SELECT);
 		Datum rebased = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 		if (!isnull && DatumGetInt32(rebased) > 0) {
+			old_floors.loaded = false; // every cursor moved: read them again
 			// Committed by the caller with nothing claimed: the members' SHARE locks (enqueues wait
 			// on them) go now, not after a publish. The re-base wakes the workers at its commit.
 			return;

@@ -94,6 +94,8 @@ int64 next_sequence = 0;
 // exactly_once: claims of one event each still to make, after a batch whose Kafka transaction the
 // broker refused for a record batch that each of its events passes alone (IsolateRefusedInTransactions).
 int solo_claims_left = 0;
+// A producer of an old identity while worker 0 decides its batch (RecoverOtherIdentities).
+kafka::Producer *old_identity_producer = nullptr;
 
 LaneSet
 MyLanes() {
@@ -366,9 +368,10 @@ EnsureProducer() {
 		return true;
 	}
 	char error[512];
-	if (ExactlyOnce() && max_prepared_xacts < 1) {
+	if (ExactlyOnce() && max_prepared_xacts < worker_count) {
 		snprintf(error, sizeof(error), "outbox.delivery = exactly_once needs max_prepared_transactions of at least "
-		                               "the relay's workers (it is %d)", max_prepared_xacts);
+		                               "the relay's workers (it is %d, this database has %d)",
+		         max_prepared_xacts, worker_count);
 		SetWorkerError(slot, WorkerState::Misconfigured, error);
 		LogOnce(LOG, psprintf("misconfigured, not publishing until the server is restarted with it: %s", error));
 		return false;
@@ -1123,6 +1126,7 @@ RunTransactionalBatch(const Batch &batch) {
 	// instead of sending it again. Not confirmed in time (with failover_on_timeout = wait), or a
 	// stop: the batch is not committed anywhere and goes back to pending.
 	kafka::TxnResult committed = kafka::TxnResult::Abortable;
+	bool attempted = false; // the Kafka commit was asked for
 	// The offset goes to the topic the gid names (a reload between batches remakes the producer).
 	snprintf(why, sizeof(why), "the failover standbys did not confirm the batch's PREPARE");
 #if PG_VERSION_NUM >= 150000
@@ -1131,8 +1135,9 @@ RunTransactionalBatch(const Batch &batch) {
 	XLogRecPtr prepared_end = GetFlushRecPtr();
 #endif
 	if (WaitForFailoverStandbys(prepared_end) == StandbyWait::Reached) {
+		attempted = true;
 		committed = kafka::CommitTransaction(producer, transactional_id, producer_progress_topic, next_sequence,
-		                                     TransactionBudgetMs(), why, sizeof(why));
+		                                     PreparedBatchMark(gid), TransactionBudgetMs(), why, sizeof(why));
 	}
 	if (committed == kafka::TxnResult::Done) {
 		MaybeCrashAt("after_kafka_commit");
@@ -1151,7 +1156,10 @@ RunTransactionalBatch(const Batch &batch) {
 		errors[i] = nullptr;
 	}
 	errors[0] = psprintf("Kafka transaction of batch %lld not committed: %s", (long long)next_sequence, why);
-	if (committed == kafka::TxnResult::Abortable && producer &&
+	// A commit that was asked for is in doubt whatever it answered (an abortable error, a timeout,
+	// a fence): only the group's offset, read by the next producer's recovery, decides it. One that
+	// was never asked for (the failover standbys did not confirm the PREPARE) is aborted here.
+	if (!attempted && producer &&
 	    kafka::AbortTransaction(producer, TransactionBudgetMs(), why, sizeof(why)) == kafka::TxnResult::Done) {
 		FinishPreparedBatch(gid, false);
 	} else {
@@ -1200,8 +1208,9 @@ bool
 DecidePreparedBatches(kafka::Producer *p, const char *id, int64 *committed) {
 	char why[512];
 	int64_t offset = -1;
-	kafka::TxnResult read =
-	    kafka::ReadCommittedOffset(p, id, settings.progress_topic, TransactionBudgetMs(), &offset, why, sizeof(why));
+	char mark[64];
+	kafka::TxnResult read = kafka::ReadCommittedOffset(p, id, settings.progress_topic, TransactionBudgetMs(), &offset,
+	                                                   mark, sizeof(mark), why, sizeof(why));
 	if (read != kafka::TxnResult::Done) {
 		NoteRecoveryTrouble(read, why);
 		return false;
@@ -1217,8 +1226,17 @@ DecidePreparedBatches(kafka::Producer *p, const char *id, int64 *committed) {
 			                              settings.progress_topic));
 			return false;
 		}
-		bool commit = batch >= 1 && offset == batch;
+		// Batch s committed in Kafka carries its own mark: s committed by another relay of this
+		// identity (a copy of the cluster that kept the prefix, a split brain) does not, and this
+		// record must not be committed for it (its events never reached Kafka).
+		bool commit = batch >= 1 && offset == batch && strcmp(mark, PreparedBatchMark(gid)) == 0;
 		bool rollback = batch >= 1 && (offset == batch - 1 || (offset < 0 && batch == 1));
+		if (batch >= 1 && offset == batch && !commit) {
+			NoteUndecidable(gid, psprintf("Kafka's batch %lld of group \"%s\" was committed with the mark \"%s\", not this "
+			                              "batch's: another relay uses this identity",
+			                              (long long)batch, id, mark));
+			return false;
+		}
 		if (!commit && !rollback) {
 			NoteUndecidable(gid, psprintf("the committed offset of Kafka group \"%s\" on topic \"%s\" is %lld%s", id,
 			                              settings.progress_topic, (long long)offset,
@@ -1245,13 +1263,26 @@ RecoverOtherIdentities(bool transactional) {
 	char *ours = psprintf("%s-%llu-%u-", settings.transactional_id_prefix, (unsigned long long)GetSystemIdentifier(),
 	                      unsigned(MyDatabaseId));
 	// This count's identities: each decides its own batches (another worker's here would fence it).
-	// At least once nobody would: worker 0 decides them all (exactly_once turned off with a batch in
-	// doubt, whose locks would hold the slot's claims).
+	// At least once nobody would: worker 0 rolls them all back (exactly_once turned off with a batch
+	// in doubt, whose locks would hold the slot's claims). Its events are pending again and sent
+	// again: at least once, a duplicate if Kafka had committed the batch, never a loss; and no Kafka
+	// answer is needed for it.
 	char *this_count = transactional ? psprintf("outbox:%s%d-", ours, worker_count) : nullptr;
 	ListCell *lc;
 	foreach (lc, PreparedBatchGids("outbox:", settings.relay_role)) {
 		const char *gid = static_cast<const char *>(lfirst(lc));
 		if (this_count && strncmp(gid, this_count, strlen(this_count)) == 0) {
+			continue;
+		}
+		if (!transactional && worker_index != 0) {
+			SetWorkerState(slot, WorkerState::Recovering);
+			return false; // worker 0 rolls it back
+		}
+		if (!transactional) {
+			ereport(LOG, (errmsg("outbox relay %d: outbox.delivery is at_least_once: ROLLBACK PREPARED \"%s\" (its "
+			                     "events are sent again)",
+			                     worker_index, gid)));
+			FinishPreparedBatch(gid, false);
 			continue;
 		}
 		// outbox:<id>:<sequence>:<nonce>
@@ -1273,16 +1304,17 @@ RecoverOtherIdentities(bool transactional) {
 		kafka::ProducerConfig config = CurrentProducerConfig();
 		config.transactional_id = id;
 		char why[512];
-		kafka::Producer *old = kafka::CreateProducer(config, why, sizeof(why));
-		if (old == nullptr) {
+		// Static, not on the stack: an ERROR in the decision (RecoverFromError) destroys it.
+		old_identity_producer = kafka::CreateProducer(config, why, sizeof(why));
+		if (old_identity_producer == nullptr) {
 			NoteRecoveryTrouble(kafka::TxnResult::Refused, why);
 			return false;
 		}
-		kafka::TxnResult fenced = kafka::InitTransactions(old, TransactionTimeoutMs(),
-		                                                  why, sizeof(why));
+		kafka::TxnResult fenced = kafka::InitTransactions(old_identity_producer, TransactionTimeoutMs(), why, sizeof(why));
 		int64 committed = 0;
-		bool decided = fenced == kafka::TxnResult::Done && DecidePreparedBatches(old, id, &committed);
-		kafka::DestroyProducer(old);
+		bool decided = fenced == kafka::TxnResult::Done && DecidePreparedBatches(old_identity_producer, id, &committed);
+		kafka::DestroyProducer(old_identity_producer);
+		old_identity_producer = nullptr;
 		if (fenced != kafka::TxnResult::Done) {
 			NoteRecoveryTrouble(fenced, why);
 		}
@@ -1477,6 +1509,10 @@ RecoverFromError() {
 	// offset) decides what is open or prepared before the next claim.
 	if (producer && (kafka::Outstanding(producer) > 0 || transactional_id[0] != '\0')) {
 		DestroyProducer();
+	}
+	if (old_identity_producer) {
+		kafka::DestroyProducer(old_identity_producer);
+		old_identity_producer = nullptr;
 	}
 	pgstat_report_activity(STATE_IDLE, nullptr);
 	RESUME_INTERRUPTS();
