@@ -244,6 +244,7 @@ const char *const kMemberCandidatesFloorSql =
     "WHERE (m.order_lsn, m.id) > ($3::pg_lsn, $4::bigint) AND m.order_lsn < $5::pg_lsn "
     "  AND (m.lane::integer % $1 + $1) % $1 = $2 "
     OUTBOX_RING_NOT_HANDLED("m", 8, 9, 10, 11, 12)
+    "  AND (m.order_lsn, m.id) <= ($13::pg_lsn, $14::bigint) "
     "ORDER BY m.order_lsn, m.id "
     "LIMIT $6";
 const char *const kHoleCandidatesFloorSql =
@@ -373,9 +374,11 @@ Statement hole_candidates_stmt = {kHoleCandidatesSql,
 Statement old_floors_stmt = {kOldFloorsSql, 1, {INT4OID}, 0, nullptr};
 // The floors' parameters: old slots' counts, workers, writers, positions.
 #define OUTBOX_FLOOR_TYPES INT4ARRAYOID, INT4ARRAYOID, XID8ARRAYOID, PG_LSNARRAYOID, INT8ARRAYOID
+// With the walk's window ($13, $14): the rows the floors leave out are read but not returned, so
+// one statement reads no more of them than kHoleWindowPerBatchRow per row of batch_size.
 Statement member_floor_candidates_stmt = {
-    kMemberCandidatesFloorSql, 12,
-    {INT4OID, INT4OID, PG_LSNOID, INT8OID, PG_LSNOID, INT4OID, BOOLOID, OUTBOX_FLOOR_TYPES},
+    kMemberCandidatesFloorSql, 14,
+    {INT4OID, INT4OID, PG_LSNOID, INT8OID, PG_LSNOID, INT4OID, BOOLOID, OUTBOX_FLOOR_TYPES, PG_LSNOID, INT8OID},
     CURSOR_OPT_GENERIC_PLAN, nullptr};
 Statement hole_floor_candidates_stmt = {kHoleCandidatesFloorSql,
                                        17,
@@ -454,6 +457,10 @@ struct RingClaimState {
 	Position cursor;  // the slot's cursor at the claim
 	XLogRecPtr horizon; // W, the WAL insert position of the claim's view: (3) stops below it
 	bool to_horizon;  // the walk took every row of the slot below W
+	// exactly_once's floors (UseOldFloors): (3) reads at most up to walk_end, the window's end;
+	// to_walk_end: it took every row there that the floors leave in, so the cursor goes there.
+	Position walk_end;
+	bool to_walk_end;
 	int n_state;      // batch events [0, n_state) are event_state rows, the rest member rows
 	int16 *member;    // per batch event
 	XLogRecPtr *order_lsn;
@@ -526,14 +533,20 @@ UseOldFloors() {
 
 // Runs a walk's statement in `snapshot`: `plain` with its n values, or, while the old counts'
 // floors apply, `floored` with the floors' five arrays after them.
+//
+// `tail` (n_tail values) follows the floors in `floored`'s parameters.
 void
-ExecuteWalk(Statement &plain, Statement &floored, const Datum *values, int n, Snapshot snapshot) {
+ExecuteWalk(Statement &plain, Statement &floored, const Datum *values, int n, Snapshot snapshot,
+            const Datum *tail = nullptr, int n_tail = 0) {
 	if (!UseOldFloors()) {
 		step::ExecuteIn("claim", plain, const_cast<Datum *>(values), nullptr, SPI_OK_SELECT, snapshot);
 		return;
 	}
 	Datum with_floors[lengthof(Statement{}.types)];
-	Assert(n + 5 == floored.nargs);
+	Assert(n + 5 + n_tail == floored.nargs);
+	for (int t = 0; t < n_tail; t++) {
+		with_floors[n + 5 + t] = tail[t];
+	}
 	memcpy(with_floors, values, sizeof(Datum) * n);
 	with_floors[n] = old_floors.counts;
 	with_floors[n + 1] = old_floors.workers;
@@ -634,7 +647,7 @@ RecordCursor(Position to, int hole_end) {
 		to = ring.cursor;
 	}
 	bool changed = Before(ring.cursor, to);
-	bool moved_on = ring.n_walked > 0;
+	bool moved_on = ring.n_walked > 0 || (ring.to_walk_end && Before(ring.cursor, to));
 	bool consumed_all = hole_end == ring.n_hole_walked;
 	bool walked_all = ring.holes_walked && consumed_all;
 	// Every row of the committed holes up to walked_to was consumed: the last one consumed, or the
@@ -699,6 +712,9 @@ Position
 CursorAfterWalk() {
 	int n_after = ring.n_walked - ring.n_hole_walked;
 	Position to = n_after > 0 ? ring.walked[ring.n_walked - 1].at : ring.cursor;
+	if (ring.to_walk_end && Before(to, ring.walk_end)) {
+		to = ring.walk_end; // past rows that other counts' slots handled
+	}
 	Position horizon{ring.horizon, 0};
 	if (ring.to_horizon && Before(to, horizon) &&
 	    (n_after > 0 || ring.horizon - ring.cursor.order_lsn >= kIdleCursorSlackBytes)) {
@@ -1102,10 +1118,33 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size
 		                          LSNGetDatum(ring.horizon),
 		                          Int32GetDatum(limit),
 		                          BoolGetDatum(block_key)};
-		ExecuteWalk(member_candidates_stmt, member_floor_candidates_stmt, member_values, 7, view.snapshot);
+		// With the floors, a window: the rows they leave out may be many (a slot of another count
+		// far ahead), and a walk through all of them in one statement could pass statement_timeout
+		// at every claim. Its end: the K-th member row (every lane) after the cursor below W.
+		bool window_cut = false;
+		Datum window[2] = {LSNGetDatum(ring.horizon), Int64GetDatum(PG_INT64_MIN)};
+		if (UseOldFloors()) {
+			Datum window_values[5] = {LSNGetDatum(ring.cursor.order_lsn), Int64GetDatum(ring.cursor.id),
+			                          LSNGetDatum(ring.horizon), Int64GetDatum(PG_INT64_MIN),
+			                          Int64GetDatum(int64(batch_size) * kHoleWindowPerBatchRow)};
+			step::ExecuteIn("claim", hole_window_stmt, window_values, nullptr, SPI_OK_SELECT, view.snapshot);
+			if (SPI_processed == 1) {
+				ring.walk_end =
+				    Position{DatumGetLSN(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)),
+				             DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull))};
+				window[0] = LSNGetDatum(ring.walk_end.order_lsn);
+				window[1] = Int64GetDatum(ring.walk_end.id);
+				window_cut = true;
+			}
+		}
+		ExecuteWalk(member_candidates_stmt, member_floor_candidates_stmt, member_values, 7, view.snapshot, window, 2);
 		int n_rows = int(SPI_processed);
 		int k = TakeRows(SPI_tuptable, n_rows, into, batch, &bytes, held_ids, held_members, held_lsns, &n_held);
-		ring.to_horizon = n_rows < limit && k == n_rows;
+		bool took_all = n_rows < limit && k == n_rows;
+		// Every row below the window's end that the floors leave in was taken: the cursor may go to
+		// its end (the rows left out were handled), not to W (rows after the window are unread).
+		ring.to_walk_end = took_all && window_cut;
+		ring.to_horizon = took_all && !window_cut;
 	}
 	UnregisterSnapshot(view.snapshot);
 	// Cut: due event_state rows beyond (1)'s budget, a committed hole not walked to its end, or
