@@ -389,14 +389,15 @@ def preview_phases(db, dbname=PREVIEW_DB):
 
 def exactly_once_available(db, workers):
     """None when the installed relay has outbox.delivery = exactly_once and the server's
-    max_prepared_transactions covers `workers` workers, else why not (the cell is skipped)."""
+    max_prepared_transactions covers outbox.max_workers (and `workers`), else why not (the cell is skipped)."""
     rows = db.sql("SELECT enumvals FROM pg_settings WHERE name = 'outbox.delivery'")
     if not rows or "exactly_once" not in (rows[0][0] or []):
         return "the installed relay has no outbox.delivery = exactly_once (issue 18)"
     prepared = int(db.value("SELECT setting FROM pg_settings WHERE name = 'max_prepared_transactions'"))
-    if prepared < workers:
-        return (f"max_prepared_transactions is {prepared}, exactly_once needs at least the relay's workers "
-                f"({workers}); common.BENCH_SETTINGS sets it")
+    budget = int(db.value("SELECT setting FROM pg_settings WHERE name = 'outbox.max_workers'"))
+    if prepared < max(workers, budget):
+        return (f"max_prepared_transactions is {prepared}, exactly_once needs at least outbox.max_workers "
+                f"({budget}); common.BENCH_SETTINGS sets it")
     return None
 
 

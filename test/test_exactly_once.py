@@ -29,7 +29,6 @@ broker for the module (the broker SIGKILL test runs last), one cluster per test.
 import os
 import re
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -63,22 +62,8 @@ Batch = namedtuple("Batch", "kind transactional base_offset records producer_id 
 # --- the broker -------------------------------------------------------------------------------
 
 class Broker(KafkaBroker):
-    """The harness's broker, which can also be SIGKILLed and started again on its own data and
-    ports (as a broker machine that lost power comes back)."""
-
-    def kill(self):
-        self._proc.send_signal(signal.SIGKILL)
-        self._proc.wait(30)
-
-    def restart(self, timeout=120.0):
-        assert self._proc.poll() is not None, "restart() of a broker that runs"
-        self._console.close()
-        self._console = open(self.console_path, "ab")
-        self._proc = subprocess.Popen(
-            self._jvm(self.heap, self.log_path, "kafka.Kafka", os.path.join(self.tmpdir, "server.properties")),
-            stdin=subprocess.DEVNULL, stdout=self._console, stderr=subprocess.STDOUT, cwd=self.tmpdir)
-        self.pid = self._proc.pid
-        self._wait_ready(time.monotonic() + timeout)
+    """The harness's broker (which kill() and restart() SIGKILL and start again on its own data and
+    ports), with its partitions' record batches read from its log segments."""
 
     def log_batches(self, topic, partition=0):
         """The record batches of a partition's log, in log order, read from the broker's segments:

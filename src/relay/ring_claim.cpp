@@ -393,6 +393,10 @@ Statement hole_window_stmt = {
 // per row of batch_size (1,000,000 at the default 20,000): the window moves on by as much at each
 // claim, even one that finds no row of a hole in it.
 constexpr int64 kHoleWindowPerBatchRow = 50;
+// The same for (3)'s window while exactly_once's floors apply (100,000 rows at the default
+// batch_size): every such claim reads it first, so smaller; a walk that took all of it moves the
+// cursor to its end and the worker claims again at once.
+constexpr int64 kFloorWindowPerBatchRow = 5;
 Statement landed_stmt = {kLandedSql,
                          6,
                          {INT2ARRAYOID, TEXTARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID},
@@ -1126,7 +1130,7 @@ RingClaim(const LaneSet &lanes, MemoryContext into, Batch *batch, int batch_size
 		if (UseOldFloors()) {
 			Datum window_values[5] = {LSNGetDatum(ring.cursor.order_lsn), Int64GetDatum(ring.cursor.id),
 			                          LSNGetDatum(ring.horizon), Int64GetDatum(PG_INT64_MIN),
-			                          Int64GetDatum(int64(batch_size) * kHoleWindowPerBatchRow)};
+			                          Int64GetDatum(int64(batch_size) * kFloorWindowPerBatchRow)};
 			step::ExecuteIn("claim", hole_window_stmt, window_values, nullptr, SPI_OK_SELECT, view.snapshot);
 			if (SPI_processed == 1) {
 				ring.walk_end =

@@ -368,10 +368,12 @@ EnsureProducer() {
 		return true;
 	}
 	char error[512];
-	if (ExactlyOnce() && max_prepared_xacts < worker_count) {
+	// The same number the PREPARE reserve keeps (prepared_reserve.cpp): outbox.max_workers, every
+	// relay worker of the cluster, each with at most one batch prepared.
+	if (ExactlyOnce() && max_prepared_xacts < Max(settings.max_workers, worker_count)) {
 		snprintf(error, sizeof(error), "outbox.delivery = exactly_once needs max_prepared_transactions of at least "
-		                               "the relay's workers (it is %d, this database has %d)",
-		         max_prepared_xacts, worker_count);
+		                               "outbox.max_workers (%d), plus what the applications prepare (it is %d)",
+		         settings.max_workers, max_prepared_xacts);
 		SetWorkerError(slot, WorkerState::Misconfigured, error);
 		LogOnce(LOG, psprintf("misconfigured, not publishing until the server is restarted with it: %s", error));
 		return false;
@@ -1724,7 +1726,7 @@ RelayMain(Datum arg) {
 		instr_time claim_start = MetricsNow();
 		TableState table =
 		    ClaimBatch(MyLanes(), batch_context, &batch, &requeued, Transactional() && solo_claims_left > 0 ? 1 : 0);
-		if (batch.n > 0 && solo_claims_left > 0) {
+		if (batch.n > 0 && solo_claims_left > 0 && Transactional()) {
 			solo_claims_left--;
 		}
 		MetricsNoteClaim(slot, claim_start);

@@ -17,8 +17,14 @@ Asserts (exit status 1 otherwise): no committed event missing from Kafka (lost),
 that did not commit (phantom), no acknowledged synchronous commit lost, per (topic, key) first
 deliveries in sequence order, nothing failed. Duplicates are counted (at-least-once).
 
+--exactly-once: outbox.delivery = exactly_once against a real Kafka broker (harness KafkaBroker,
+KRaft, one node; the mock cluster writes no transaction markers), read back read_committed; the
+faults are SIGKILL of a relay worker, immediate stop and restart of Postgres, and SIGKILL and
+restart of the broker; duplicates must be 0 too.
+
     test/chaos/run --minutes 30 --cycles 100 --seed 42      # the long run (docs/chaos.md)
     test/chaos/run --seconds 75 --cycles 5                   # the short run of the test suite
+    test/chaos/run --exactly-once --seconds 120 --cycles 8   # exactly once (docs/chaos.md)
 """
 
 import argparse
@@ -37,6 +43,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import psycopg  # noqa: E402
 from psycopg.types.json import Jsonb  # noqa: E402
 
+from harness.kafka_broker import KafkaBroker  # noqa: E402
 from harness.kafka_reader import read_topic  # noqa: E402
 from harness.mock_cluster import MockCluster  # noqa: E402
 from harness.pg_cluster import PgCluster  # noqa: E402
@@ -48,6 +55,8 @@ TOPICS = {"chaos.a": 8, "chaos.b": 8, "chaos.c": 4}
 WORKERS = 3
 NOT_ENOUGH_REPLICAS = 19  # retriable: the producer retries it itself
 FAULTS = ["kill_worker", "postgres_immediate_restart", "brokers_down_up", "produce_errors"]
+# exactly_once runs against a real broker: its faults are a worker's, Postgres' and the broker's.
+EXACTLY_ONCE_FAULTS = ["kill_worker", "postgres_immediate_restart", "broker_kill_restart"]
 
 
 class Writer(threading.Thread):
@@ -116,7 +125,7 @@ class Driver:
     def __init__(self, args):
         self.args = args
         self.rng = random.Random(args.seed)
-        self.faults = {kind: 0 for kind in FAULTS}
+        self.faults = {kind: 0 for kind in (EXACTLY_ONCE_FAULTS if args.exactly_once else FAULTS)}
         self.log = []
 
     def say(self, message):
@@ -147,6 +156,13 @@ class Driver:
             for b in range(1, 4):
                 mock.up(b)
             self.say("all brokers up")
+        elif kind == "broker_kill_restart":
+            mock.kill()
+            outage = self.rng.uniform(1.0, 6.0)
+            self.say(f"broker SIGKILLed, down for {outage:.1f} s")
+            time.sleep(outage)  # the fault's length, not a wait for a condition
+            mock.restart()
+            self.say("broker restarted")
         elif kind == "produce_errors":
             n = self.rng.randint(3, 30)
             mock.produce_errors(n, NOT_ENOUGH_REPLICAS)
@@ -158,7 +174,9 @@ class Driver:
         self.say(f"seed {args.seed}: {args.seconds:.0f} s, {args.cycles} fault cycles, {args.writers} writers, "
                  f"{WORKERS} relay workers, topics {TOPICS}")
         keys = [f"invoice-{i}" for i in range(args.keys)]
-        with MockCluster(brokers=3, topics=TOPICS) as mock:
+        with self.kafka() as mock:
+            for topic, partitions in TOPICS.items() if args.exactly_once else ():
+                mock.create_topic(topic, partitions)
             settings = {
                 "outbox.bootstrap_servers": f"'{mock.bootstrap}'", "outbox.workers": str(WORKERS),
                 "outbox.max_attempts": "1000", "outbox.publish_timeout": "'2s'", "outbox.retention": "0",
@@ -166,6 +184,8 @@ class Driver:
                 "outbox.kafka_properties": "'socket.connection.setup.timeout.ms=1000;reconnect.backoff.max.ms=200'",
                 "fsync": "on",  # an immediate stop must lose only what was never flushed
             }
+            if args.exactly_once:
+                settings.update({"outbox.delivery": "'exactly_once'", "max_prepared_transactions": "8"})
             pg = PgCluster(settings=settings)
             try:
                 pg.init().start().setup_database()
@@ -174,6 +194,11 @@ class Driver:
                 if os.environ.get("OUTBOX_CHAOS_KEEP_LOG"):
                     print(pg.log()[-20000:])
                 pg.cleanup()
+
+    def kafka(self):
+        """The mock cluster (3 brokers), or for --exactly-once a real broker (its topics made once
+        it runs)."""
+        return KafkaBroker() if self.args.exactly_once else MockCluster(brokers=3, topics=TOPICS)
 
     def run_with(self, pg, mock, keys):
         args = self.args
@@ -191,7 +216,7 @@ class Driver:
             # Faults at seeded times, spread over the run.
             at = start + interval * (cycle + 1) + self.rng.uniform(-interval / 3, interval / 3)
             time.sleep(max(0.0, at - time.monotonic()))
-            kind = self.rng.choice(FAULTS)
+            kind = self.rng.choice(EXACTLY_ONCE_FAULTS if args.exactly_once else FAULTS)
             self.say(f"cycle {cycle + 1}/{args.cycles}: {kind}")
             self.inject(kind, pg, mock)
         time.sleep(max(0.0, start + args.seconds - time.monotonic()))
@@ -222,9 +247,9 @@ class Driver:
         for topic in TOPICS:
             records[topic] = [(r.partition, r.offset, r.event_id, r.value)
                               for r in read_topic(mock.bootstrap, topic, per_topic.get(topic, 0), timeout=600,
-                                                  settle=True)]
+                                                  settle=True, config=self.read_config())]
             self.say(f"{topic}: {len(records[topic])} records read back, {per_topic.get(topic, 0)} committed")
-        truncated = truncated_partitions(mock.bootstrap)
+        truncated = [] if self.args.exactly_once else truncated_partitions(mock.bootstrap)
         if truncated:
             self.say(f"the mock cluster dropped the oldest records of {truncated}: the run cannot be judged")
         report = judge(rows, records,
@@ -233,10 +258,18 @@ class Driver:
                        rolled_back={e for w in writers for e in w.rolled_back})
         report["mock_truncated_partitions"] = truncated
         report["ok"] = report["ok"] and not truncated
+        if self.args.exactly_once:
+            report["delivery"] = "exactly_once"
+            report["ok"] = report["ok"] and report["duplicates"] == 0
         report.update({"seed": self.args.seed, "seconds": self.args.seconds, "cycles": self.args.cycles,
                        "faults": self.faults, "commit_unknown": sum(len(w.unknown) for w in writers),
                        "writer_errors": sum(w.errors for w in writers)})
         return report
+
+
+    def read_config(self):
+        # exactly_once's records are read as its consumers must read them.
+        return {"isolation.level": "read_committed"} if self.args.exactly_once else None
 
 
 def truncated_partitions(bootstrap):
@@ -301,6 +334,8 @@ def main(argv=None):
     p.add_argument("--writers", type=int, default=4, help="writer threads, one of them asynchronous (default 4)")
     p.add_argument("--keys", type=int, default=40, help="aggregates (keys) the writers update (default 40)")
     p.add_argument("--json", help="also write the report to this file")
+    p.add_argument("--exactly-once", action="store_true",
+                   help="outbox.delivery = exactly_once against a real Kafka broker, read read_committed")
     args = p.parse_args(argv)
     if args.minutes is not None:
         args.seconds = args.minutes * 60

@@ -295,6 +295,23 @@ class KafkaBroker:
                 shutil.rmtree(self.tmpdir, ignore_errors=True)
             self.tmpdir = None
 
+    def kill(self):
+        """SIGKILL the broker (as a machine that lost power); restart() brings it back."""
+        self._require_running()
+        self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait(30)
+
+    def restart(self, timeout=120.0):
+        """Start a killed broker again on its own data and ports, and wait until it is ready."""
+        assert self._proc is not None and self._proc.poll() is not None, "restart() of a broker that runs"
+        self._console.close()
+        self._console = open(self.console_path, "ab")
+        self._proc = subprocess.Popen(
+            self._jvm(self.heap, self.log_path, "kafka.Kafka", os.path.join(self.tmpdir, "server.properties")),
+            stdin=subprocess.DEVNULL, stdout=self._console, stderr=subprocess.STDOUT, cwd=self.tmpdir)
+        self.pid = self._proc.pid
+        self._wait_ready(time.monotonic() + timeout)
+
     # -- client helpers -------------------------------------------------------------------
 
     def create_topic(self, name, partitions=1, config=None, timeout=60.0):
