@@ -23,6 +23,7 @@ ALTER SYSTEM and no reload reaches only a worker process started after it: the o
 restart makes (a worker reads the configuration files when it starts)."""
 
 import json
+import os
 import re
 import uuid
 from collections import Counter
@@ -283,11 +284,21 @@ def test_turning_exactly_once_off_with_a_batch_in_doubt_does_not_wedge_its_slot(
     topic = new_topic(kafka)
     pg = eos_relay(make_relay, kafka, poll_interval="200ms", test_crash_at="after_kafka_commit")
     pg.wait_workers_running(1)
+    # The seam disarmed (its marker file present) until the worker has published in exactly_once:
+    # a worker reads the configuration files once more when its loop starts, and would otherwise
+    # read the ALTER SYSTEM below before its first batch.
+    marker = os.path.join(pg.datadir, "outbox_test_crash_fired")
+    open(marker, "w").close()
+    warm = [enqueue(pg, topic, "w", {"n": 0})]
+    wait_until(lambda: published(pg, warm) == 1, 30, "a batch published in exactly_once")
     pg.sql("ALTER SYSTEM SET outbox.delivery = 'at_least_once'")  # read by the next worker process
+    os.unlink(marker)
     ids = [enqueue(pg, topic, k, {"n": 1}) for k in ("a", "b", "c")]
     assert crash_and_restart(pg) == "after_kafka_commit"
-    in_doubt = pg.sql(OUR_PREPARED)
-    assert in_doubt, "no batch in doubt after the crash"
+    # The crash left the batch prepared; the new worker (at least once) rolls it back at its start,
+    # maybe before this line runs: the log says which batch.
+    in_doubt = wait_until(lambda: re.search(r'ROLLBACK PREPARED "(outbox:[^"]+)"', pg.log()), 30,
+                          "the batch in doubt rolled back").group(1)
     ids += [enqueue(pg, topic, k, {"n": 2}) for k in ("a", "b", "c")]
     try:
         wait_until(lambda: published(pg, ids) == 6 and not pg.sql(OUR_PREPARED), 15,
