@@ -93,3 +93,12 @@ SELECT b.boot_val::int AS default_max_workers, p.boot_val::int AS default_max_wo
        b.boot_val::int + 1 < p.boot_val::int AS default_budget_fits_with_room
 FROM pg_settings b, pg_settings p
 WHERE b.name = 'outbox.max_workers' AND p.name = 'max_worker_processes';
+
+-- exactly_once's names go into Kafka's transactional.id, a group id and a prepared transaction's
+-- gid: a bad one is refused when set (22023, nothing written), an unknown delivery too.
+ALTER SYSTEM SET outbox.transactional_id_prefix = 'billing relay';
+ALTER SYSTEM SET outbox.transactional_id_prefix = '';
+ALTER SYSTEM SET outbox.progress_topic = 'progress:topic';
+ALTER SYSTEM SET outbox.delivery = 'exactly-once';
+SELECT count(*) AS outbox_lines_in_auto_conf
+FROM pg_file_settings WHERE sourcefile LIKE '%postgresql.auto.conf' AND name LIKE 'outbox.%';
